@@ -1,0 +1,38 @@
+"""scrapy-reliability: a transactional SQLite/Postgres frontier for Scrapy.
+
+The public API is what a project names in its settings::
+
+    ADDONS = {"scrapy_reliability.Addon": 0}
+
+plus :class:`Scheduler` and :class:`DupeFilter` for projects that configure
+components by hand. Everything else is private.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["Addon", "DupeFilter", "Scheduler", "__version__"]
+
+if TYPE_CHECKING:
+    from scrapy_reliability.addon import Addon
+    from scrapy_reliability.dupefilter import DupeFilter
+    from scrapy_reliability.scheduler import Scheduler
+
+_LAZY = {
+    "Addon": "scrapy_reliability.addon",
+    "DupeFilter": "scrapy_reliability.dupefilter",
+    "Scheduler": "scrapy_reliability.scheduler",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so importing the package (e.g. for the test site) has no Twisted side effects.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'scrapy_reliability' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,71 @@
+"""Where a crawl's frontier lives and what its job is called."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from scrapy.settings import BaseSettings
+from scrapy.utils.job import job_dir
+from scrapy.utils.project import data_path
+
+from scrapy_reliability.config import Config
+
+SQLITE_FILENAME = "reliability.sqlite"
+
+
+def database_url(config: Config, settings: BaseSettings, spider_name: str) -> str:
+    """RELIABILITY_DATABASE_URL, else a SQLite file inside JOBDIR, else one under
+    the project's data directory (``.scrapy/reliability/``)."""
+    if config.database_url:
+        return config.database_url
+    jobdir = job_dir(settings)
+    if jobdir:
+        path = Path(jobdir) / SQLITE_FILENAME
+    else:
+        path = Path(data_path("reliability", createdir=True)) / f"{spider_name}.sqlite"
+    return f"sqlite:///{path.resolve()}"
+
+
+def job_name(config: Config, settings: BaseSettings, spider_name: str) -> str:
+    if config.job:
+        return config.job
+    jobdir = job_dir(settings)
+    if jobdir:
+        return f"{spider_name}@{Path(jobdir).resolve().name}"
+    return spider_name
+
+
+def worker_identity() -> tuple[str, str, int]:
+    """(worker id, hostname, pid) of this process."""
+    hostname = socket.gethostname()
+    pid = os.getpid()
+    return f"{hostname[:40]}:{pid}:{os.urandom(4).hex()}", hostname, pid
+
+
+def local_process_is_dead(hostname: str, pid: int) -> bool:
+    """Whether a worker that registered from ``hostname``/``pid`` is certainly gone.
+
+    Only processes of this host can be checked; a worker elsewhere is waited
+    for until its leases expire.
+    """
+    if hostname != socket.gethostname():
+        return False
+    if pid == os.getpid():
+        return True  # a predecessor with our pid (a restarted container): not us
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"

@@ -1,0 +1,109 @@
+"""All ``RELIABILITY_*`` settings, parsed once into a frozen object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scrapy.settings import BaseSettings
+
+ORDERS = ("bfs", "dfs")
+
+
+class SettingError(ValueError):
+    """A setting has a value that cannot work; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Parsed settings. Build with :meth:`from_settings`; testable without a crawler."""
+
+    #: SQLAlchemy URL; None means the SQLite default (inside JOBDIR, or .scrapy/).
+    database_url: str | None = None
+    #: Explicit job name; None means the spider name (plus the JOBDIR name).
+    job: str | None = None
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    claim_batch: int = 16
+    flush_max_rows: int = 2000
+    order: str = "bfs"
+    auto_migrate: bool = False
+    sqlite_busy_timeout: float = 30.0
+    dedup_cache_size: int = 50_000
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Config:
+        lease = _positive_float(settings, "RELIABILITY_LEASE_SECONDS", cls.lease_seconds)
+        heartbeat = _positive_float(settings, "RELIABILITY_HEARTBEAT_SECONDS", lease / 3)
+        if heartbeat >= lease:
+            raise SettingError(
+                f"RELIABILITY_HEARTBEAT_SECONDS ({heartbeat}) must be shorter than "
+                f"RELIABILITY_LEASE_SECONDS ({lease}), or leases expire between heartbeats; "
+                "a third of the lease time is a good value."
+            )
+        order = str(settings.get("RELIABILITY_ORDER", cls.order)).lower()
+        if order not in ORDERS:
+            raise SettingError(
+                f"RELIABILITY_ORDER must be one of {', '.join(ORDERS)} (got {order!r})."
+            )
+        url = settings.get("RELIABILITY_DATABASE_URL")
+        if url is not None and (not isinstance(url, str) or not url.strip()):
+            raise SettingError(
+                "RELIABILITY_DATABASE_URL must be a SQLAlchemy URL string, e.g. "
+                "'postgresql+psycopg://user@host/db'; leave it unset for the SQLite default."
+            )
+        job = settings.get("RELIABILITY_JOB")
+        return cls(
+            database_url=url.strip() if url else None,
+            job=str(job) if job else None,
+            lease_seconds=lease,
+            heartbeat_seconds=heartbeat,
+            claim_batch=_positive_int(settings, "RELIABILITY_CLAIM_BATCH", cls.claim_batch),
+            flush_max_rows=_positive_int(
+                settings, "RELIABILITY_FLUSH_MAX_ROWS", cls.flush_max_rows
+            ),
+            order=order,
+            auto_migrate=_bool(settings, "RELIABILITY_AUTO_MIGRATE", cls.auto_migrate),
+            sqlite_busy_timeout=_positive_float(
+                settings, "RELIABILITY_SQLITE_BUSY_TIMEOUT", cls.sqlite_busy_timeout
+            ),
+            dedup_cache_size=_positive_int(
+                settings, "RELIABILITY_DEDUP_CACHE_SIZE", cls.dedup_cache_size
+            ),
+        )
+
+
+def _raw(settings: BaseSettings, name: str, default: Any) -> Any:
+    value = settings.get(name)
+    return default if value is None else value
+
+
+def _positive_float(settings: BaseSettings, name: str, default: float) -> float:
+    raw = _raw(settings, name, default)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name} must be a number of seconds (got {raw!r}).") from None
+    if not value > 0:
+        raise SettingError(f"{name} must be greater than 0 (got {raw!r}).")
+    return value
+
+
+def _positive_int(settings: BaseSettings, name: str, default: int) -> int:
+    raw = _raw(settings, name, default)
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name} must be a whole number (got {raw!r}).") from None
+    if value < 1:
+        raise SettingError(f"{name} must be at least 1 (got {raw!r}).")
+    return value
+
+
+def _bool(settings: BaseSettings, name: str, default: bool) -> bool:
+    try:
+        return settings.getbool(name, default)
+    except ValueError:
+        raise SettingError(
+            f"{name} must be True or False (got {settings.get(name)!r})."
+        ) from None

@@ -1,0 +1,152 @@
+"""Persistent request deduplication.
+
+Under :class:`scrapy_reliability.Scheduler` the frontier row *is* the dedup
+record (one unique key per job and fingerprint); this class then only computes
+keys and keeps a bounded cache of recent ones. Under Scrapy's own scheduler it
+works alone: fingerprints go to the frontier database, so they persist across
+runs, and memory stays bounded however long the crawl.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from scrapy import Request, Spider
+from scrapy.dupefilters import BaseDupeFilter
+from scrapy.utils.request import referer_str
+
+from scrapy_reliability import _jobs
+from scrapy_reliability.config import Config
+from scrapy_reliability.frontier import Frontier, Job
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+# Standalone mode writes seen fingerprints in batches of this many.
+_FLUSH_EVERY = 256
+
+
+class RecentKeys:
+    """A bounded set of recently seen keys (oldest evicted first)."""
+
+    def __init__(self, size: int):
+        self._size = size
+        self._keys: dict[str, None] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._keys
+
+    def add(self, key: str) -> None:
+        if key in self._keys:
+            return
+        if len(self._keys) >= self._size:
+            del self._keys[next(iter(self._keys))]
+        self._keys[key] = None
+
+    def discard(self, key: str) -> None:
+        self._keys.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+class DupeFilter(BaseDupeFilter):
+    """``DUPEFILTER_CLASS = "scrapy_reliability.DupeFilter"``."""
+
+    def __init__(self, crawler: Crawler, config: Config):
+        self.crawler = crawler
+        self.config = config
+        self.fingerprinter = crawler.request_fingerprinter
+        self.recent = RecentKeys(config.dedup_cache_size)
+        self.debug = crawler.settings.getbool("DUPEFILTER_DEBUG")
+        self._logged_once = False
+        # Standalone mode only:
+        self._frontier: Frontier | None = None
+        self._job: Job | None = None
+        self._unwritten: set[str] = set()
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler, Config.from_settings(crawler.settings))
+
+    @property
+    def scheme(self) -> str:
+        """Identifies how keys are computed; a job refuses to resume under another."""
+        cls = type(self.fingerprinter)
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    def key(self, request: Request) -> str:
+        return str(self.fingerprinter.fingerprint(request).hex())
+
+    # -- standalone mode (Scrapy's own scheduler calls these) -------------------------------
+
+    def open(self) -> None:
+        spider = self.crawler.spider
+        assert spider is not None
+        settings = self.crawler.settings
+        url = _jobs.database_url(self.config, settings, spider.name)
+        self._frontier = Frontier.connect(
+            url,
+            auto_migrate=self.config.auto_migrate,
+            busy_timeout=self.config.sqlite_busy_timeout,
+        )
+        self._job = self._frontier.open_job(
+            _jobs.job_name(self.config, settings, spider.name) + ":dupefilter", self.scheme
+        )
+
+    def request_seen(self, request: Request) -> bool:
+        if self._frontier is None or self._job is None:
+            raise RuntimeError(
+                "DupeFilter.request_seen() called before open(); under "
+                "scrapy_reliability.Scheduler the frontier row is the dedup record."
+            )
+        key = self.key(request)
+        if key in self.recent or key in self._unwritten:
+            return True
+        if self._frontier.seen(self._job.id, key):
+            self.recent.add(key)
+            return True
+        self.recent.add(key)
+        self._unwritten.add(key)
+        if len(self._unwritten) >= _FLUSH_EVERY:
+            self._write()
+        return False
+
+    def _write(self) -> None:
+        if self._unwritten and self._frontier is not None and self._job is not None:
+            self._frontier.add_fingerprints(self._job.id, sorted(self._unwritten))
+            self._unwritten.clear()
+
+    def close(self, reason: str) -> None:
+        if self._frontier is None or self._job is None:
+            return
+        self._write()
+        if reason == "finished":
+            self._frontier.finish_job_if_complete(self._job.id)
+        self._frontier.close()
+        self._frontier = None
+
+    # -- both modes -------------------------------------------------------------------------
+
+    def log(self, request: Request, spider: Spider | Any) -> None:
+        if self.debug:
+            logger.debug(
+                "Filtered duplicate request: %(request)s (referer: %(referer)s)",
+                {"request": request, "referer": referer_str(request)},
+                extra={"spider": spider},
+            )
+        elif not self._logged_once:
+            logger.debug(
+                "Filtered duplicate request: %(request)s - no more duplicates will be "
+                "shown (see DUPEFILTER_DEBUG to show all duplicates)",
+                {"request": request},
+                extra={"spider": spider},
+            )
+            self._logged_once = True
+        stats = self.crawler.stats
+        if stats is not None:
+            stats.inc_value("dupefilter/filtered")

@@ -1,0 +1,47 @@
+"""The frontier storage layer.
+
+It knows nothing of Scrapy objects: it stores JSON payloads and plain fields, and
+every state transition is one transaction guarded by the row's claim token.
+"""
+
+from scrapy_reliability.frontier.errors import (
+    FrontierError,
+    FrontierLocked,
+    FrontierUnavailable,
+    JobMismatch,
+    LeaseLost,
+    SchemaError,
+    SchemaOutdated,
+    SchemaTooNew,
+)
+from scrapy_reliability.frontier.store import (
+    Claimed,
+    ClaimResult,
+    Frontier,
+    Job,
+    NewRequest,
+    Outcome,
+    Transition,
+    WriteBatch,
+    WriteResult,
+)
+
+__all__ = [
+    "ClaimResult",
+    "Claimed",
+    "Frontier",
+    "FrontierError",
+    "FrontierLocked",
+    "FrontierUnavailable",
+    "Job",
+    "JobMismatch",
+    "LeaseLost",
+    "NewRequest",
+    "Outcome",
+    "SchemaError",
+    "SchemaOutdated",
+    "SchemaTooNew",
+    "Transition",
+    "WriteBatch",
+    "WriteResult",
+]

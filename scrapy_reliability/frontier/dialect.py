@@ -1,0 +1,163 @@
+"""Everything that differs between SQLite and Postgres, in one place."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from sqlalchemy import Connection, Engine, Table, create_engine, event, make_url, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.sql.dml import Insert
+
+from scrapy_reliability.frontier.errors import FrontierLocked, FrontierUnavailable
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+SUPPORTED = ("sqlite", "postgresql")
+
+
+def parse_url(raw: str) -> URL:
+    """Parse a SQLAlchemy URL; a bare ``postgresql://`` means psycopg 3."""
+    try:
+        url = make_url(raw)
+    except ArgumentError as exc:
+        raise FrontierUnavailable(
+            f"RELIABILITY_DATABASE_URL is not a database URL ({exc}). Use a SQLAlchemy URL "
+            "such as sqlite:////path/to/frontier.sqlite or "
+            "postgresql+psycopg://user@host:5432/dbname."
+        ) from None
+    if url.get_backend_name() not in SUPPORTED:
+        raise FrontierUnavailable(
+            f"RELIABILITY_DATABASE_URL {redact(url)} uses {url.get_backend_name()!r}; "
+            "the frontier supports sqlite and postgresql."
+        )
+    if url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def redact(url: URL | str) -> str:
+    """The URL as it may be printed: never with its password."""
+    if isinstance(url, str):
+        try:
+            url = make_url(url)
+        except ArgumentError:
+            return "<unparseable URL>"
+    return url.render_as_string(hide_password=True)
+
+
+def create(url: URL, *, busy_timeout: float) -> Engine:
+    """An engine for the frontier. SQLite gets WAL and writer transactions
+    (``BEGIN IMMEDIATE``), so that a transaction never fails half-way on the
+    upgrade from a read lock to a write lock."""
+    try:
+        if url.get_backend_name() == "sqlite":
+            database = url.database or ""
+            if database and database != ":memory:" and not database.startswith("file:"):
+                Path(database).parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(
+                url,
+                connect_args={"timeout": busy_timeout, "check_same_thread": False},
+            )
+            _configure_sqlite(engine)
+            return engine
+        return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=2)
+    except NoSuchModuleError:
+        raise FrontierUnavailable(
+            f"No database driver for {redact(url)}: install it, e.g. "
+            "`pip install 'scrapy-reliability[postgres]'` for PostgreSQL (psycopg 3)."
+        ) from None
+    except ModuleNotFoundError as exc:
+        raise FrontierUnavailable(
+            f"The database driver for {redact(url)} is not installed ({exc.name}): "
+            "`pip install 'scrapy-reliability[postgres]'` installs psycopg 3."
+        ) from None
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from pysqlite; we emit BEGIN ourselves.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def insert_ignore(table: Table, engine: Engine) -> Insert:
+    """``INSERT ... ON CONFLICT DO NOTHING`` for the engine's dialect."""
+    if is_sqlite(engine):
+        return sqlite.insert(table).on_conflict_do_nothing()
+    return postgresql.insert(table).on_conflict_do_nothing()
+
+
+@contextlib.contextmanager
+def migration_lock(conn: Connection) -> Iterator[None]:
+    """Serialize schema upgrades of workers starting at the same moment."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(7261390433)"))
+    yield
+
+
+class SqliteProcessLock:
+    """One process per SQLite frontier file.
+
+    SQLite takes its write lock very unfairly between processes, so several
+    workers on one file would starve each other; they are refused with a
+    message that points to Postgres. The lock is an ``flock`` on a file beside
+    the database, released by the kernel when the process dies, even by kill -9.
+    """
+
+    def __init__(self, url: URL):
+        database = url.database or ""
+        self.path: Path | None = None
+        if database and database != ":memory:" and not database.startswith("file:"):
+            self.path = Path(database + ".lock")
+        self._fh: IO[str] | None = None
+
+    def acquire(self) -> None:
+        if self.path is None or fcntl is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = self.path.open("a+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise FrontierLocked(
+                f"The SQLite frontier {self.path.with_suffix('')} is in use by {holder}. "
+                "One SQLite frontier serves one crawl process: wait for that crawl to end, "
+                "use another JOBDIR, or run several workers against PostgreSQL by setting "
+                "RELIABILITY_DATABASE_URL = 'postgresql+psycopg://...' in every worker."
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}\n")
+        fh.flush()
+        self._fh = fh
+
+    def release(self) -> None:
+        if self._fh is not None and fcntl is not None:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+            self._fh.close()
+            self._fh = None

@@ -1,0 +1,61 @@
+"""Named errors of the frontier. Each message says what went wrong and what to do next."""
+
+from __future__ import annotations
+
+
+class FrontierError(Exception):
+    """Base class of every error raised by the frontier."""
+
+
+class LeaseLost(FrontierError):  # noqa: N818 - the name is part of the design vocabulary
+    """A transition out of ``leased`` matched no row: the lease expired and the
+    row was re-claimed (or recovered) under another claim token.
+
+    The work done under the old lease is not recorded; the request is (or was)
+    fetched again by its new holder, so nothing is lost.
+    """
+
+    def __init__(self, task_ids: list[int]):
+        self.task_ids = task_ids
+        super().__init__(
+            f"lease lost for frontier task(s) {task_ids[:10]}"
+            f"{'...' if len(task_ids) > 10 else ''}: the lease expired and the row was "
+            "claimed again, so this worker's result was not recorded (the request is "
+            "fetched again by its new holder). If this happens often, raise "
+            "RELIABILITY_LEASE_SECONDS or look for callbacks that block the reactor."
+        )
+
+
+class SchemaError(FrontierError):
+    """The database schema is not the one this version of scrapy-reliability uses."""
+
+
+class SchemaOutdated(SchemaError):  # noqa: N818
+    def __init__(self, url: str, current: str | None, head: str):
+        super().__init__(
+            f"The frontier database {url} is at schema version {current!r}, but this "
+            f"version of scrapy-reliability needs {head!r}. Upgrade it with "
+            "`scrapy frontier migrate` (inside the project, with the same settings), "
+            "or set RELIABILITY_AUTO_MIGRATE = True to upgrade when the crawl starts."
+        )
+
+
+class SchemaTooNew(SchemaError):  # noqa: N818
+    def __init__(self, url: str, current: str):
+        super().__init__(
+            f"The frontier database {url} is at schema version {current!r}, which this "
+            "version of scrapy-reliability does not know: it was written by a newer "
+            "release. Upgrade scrapy-reliability; the database was left untouched."
+        )
+
+
+class FrontierUnavailable(FrontierError):
+    """The database cannot be reached or opened."""
+
+
+class FrontierLocked(FrontierError):
+    """Another process holds the SQLite frontier."""
+
+
+class JobMismatch(FrontierError):
+    """The stored job was created with settings that cannot change mid-job."""

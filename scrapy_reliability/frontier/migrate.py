@@ -1,0 +1,73 @@
+"""Schema versioning through Alembic, with the frontier's own version table."""
+
+from __future__ import annotations
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, inspect
+
+from scrapy_reliability.frontier.dialect import migration_lock, redact
+from scrapy_reliability.frontier.errors import SchemaError, SchemaOutdated, SchemaTooNew
+from scrapy_reliability.frontier.schema import VERSION_TABLE, metadata
+
+
+def _config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", "scrapy_reliability.frontier:migrations")
+    return cfg
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return context.get_current_revision()
+
+
+def upgrade(engine: Engine) -> tuple[str | None, str]:
+    """Bring the schema to head; return (revision before, revision after)."""
+    with engine.begin() as conn, migration_lock(conn):
+        before = MigrationContext.configure(
+            conn, opts={"version_table": VERSION_TABLE}
+        ).get_current_revision()
+        cfg = _config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+    return before, head_revision()
+
+
+def check(engine: Engine, *, auto_migrate: bool) -> None:
+    """Make sure the schema is the one this code uses.
+
+    A fresh database (no frontier tables at all) is created. An older schema
+    raises :class:`SchemaOutdated` (or is upgraded with ``auto_migrate``); a
+    newer or unknown one raises :class:`SchemaTooNew`: it is never touched.
+    """
+    url = redact(engine.url)
+    head = head_revision()
+    current = current_revision(engine)
+    if current == head:
+        return
+    if current is None:
+        existing = set(inspect(engine).get_table_names()) & set(metadata.tables)
+        if existing:
+            raise SchemaError(
+                f"The database {url} has frontier tables ({', '.join(sorted(existing))}) "
+                f"but no {VERSION_TABLE} table, so its schema version is unknown. Point "
+                "RELIABILITY_DATABASE_URL at another database or drop those tables."
+            )
+        upgrade(engine)
+        return
+    known = {rev.revision for rev in ScriptDirectory.from_config(_config()).walk_revisions()}
+    if current not in known:
+        raise SchemaTooNew(url, current)
+    if not auto_migrate:
+        raise SchemaOutdated(url, current, head)
+    upgrade(engine)

@@ -1,0 +1,144 @@
+"""The frontier tables, on one ``MetaData`` with a naming convention.
+
+This module is the schema as the code expects it; the Alembic chain in
+``migrations/`` must produce exactly this (a test compares them).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+#: Alembic's version table for the frontier; its own name, so the frontier can
+#: live in a database that already has an ``alembic_version`` of its own.
+VERSION_TABLE = "reliability_alembic_version"
+
+#: The request lifecycle states (see docs/design.md).
+PENDING = "pending"
+LEASED = "leased"
+DONE = "done"
+IGNORED = "ignored"
+DEAD = "dead"
+STATES = (PENDING, LEASED, DONE, IGNORED, DEAD)
+FINAL_STATES = (DONE, IGNORED, DEAD)
+
+JOB_RUNNING = "running"
+JOB_FINISHED = "finished"
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# SQLite only autoincrements an INTEGER PRIMARY KEY (the rowid).
+_BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+jobs = Table(
+    "reliability_jobs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(255), nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("dedup_scheme", String(255), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=True),
+    UniqueConstraint("name", "generation"),
+    CheckConstraint("state IN ('running', 'finished')", name="state"),
+)
+
+workers = Table(
+    "reliability_workers",
+    metadata,
+    Column("id", String(80), primary_key=True),
+    Column("job_id", Integer, ForeignKey("reliability_jobs.id"), nullable=False),
+    Column("hostname", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("heartbeat_at", Float, nullable=False),
+    Column("stopped_at", Float, nullable=True),
+    Index("ix_reliability_workers_job_live", "job_id", "stopped_at"),
+)
+
+requests = Table(
+    "reliability_requests",
+    metadata,
+    Column("id", _BigId, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, ForeignKey("reliability_jobs.id"), nullable=False),
+    # The dedup key: a request fingerprint, or a derived key for dont_filter requests.
+    Column("fingerprint", String(96), nullable=False),
+    Column("state", String(8), nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("domain", String(255), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("not_before", Float, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("lease_token", String(32), nullable=True),
+    Column("worker_id", String(80), nullable=True),
+    Column("lease_expires_at", Float, nullable=True),
+    Column("last_status", Integer, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    UniqueConstraint("job_id", "fingerprint"),
+    CheckConstraint(
+        "state IN ('pending', 'leased', 'done', 'ignored', 'dead')", name="state"
+    ),
+    CheckConstraint(
+        "state <> 'leased' OR (lease_token IS NOT NULL AND worker_id IS NOT NULL"
+        " AND lease_expires_at IS NOT NULL)",
+        name="lease_complete",
+    ),
+    CheckConstraint("attempts >= 0", name="attempts"),
+    # The claim: pending rows of a job by priority, then insertion order.
+    Index(
+        "ix_reliability_requests_claim",
+        "job_id",
+        text("priority DESC"),
+        "id",
+        postgresql_where=text("state = 'pending'"),
+        sqlite_where=text("state = 'pending'"),
+    ),
+    # Renewal, release and expiry of leases.
+    Index(
+        "ix_reliability_requests_leases",
+        "worker_id",
+        postgresql_where=text("state = 'leased'"),
+        sqlite_where=text("state = 'leased'"),
+    ),
+    Index(
+        "ix_reliability_requests_expiry",
+        "job_id",
+        "lease_expires_at",
+        postgresql_where=text("state = 'leased'"),
+        sqlite_where=text("state = 'leased'"),
+    ),
+    Index("ix_reliability_requests_job_state", "job_id", "state"),
+)
+
+#: Fingerprints seen by the DupeFilter when it runs under Scrapy's own scheduler.
+fingerprints = Table(
+    "reliability_fingerprints",
+    metadata,
+    Column("job_id", Integer, ForeignKey("reliability_jobs.id"), primary_key=True),
+    Column("fingerprint", String(96), primary_key=True),
+)

@@ -1,0 +1,599 @@
+"""The frontier: every SQL statement of the product, as named operations.
+
+Each public method is one transaction. Transitions out of ``leased`` name the
+row *and* its claim token, so a worker whose lease was taken over cannot
+change the row (:class:`LeaseLost`).
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
+
+from scrapy_reliability.frontier import dialect, migrate
+from scrapy_reliability.frontier.errors import (
+    FrontierLocked,
+    FrontierUnavailable,
+    JobMismatch,
+    LeaseLost,
+)
+from scrapy_reliability.frontier.schema import (
+    DEAD,
+    DONE,
+    IGNORED,
+    JOB_FINISHED,
+    JOB_RUNNING,
+    LEASED,
+    PENDING,
+    fingerprints,
+    jobs,
+    requests,
+    workers,
+)
+
+SQLAlchemyError = _SQLAlchemyError
+
+# Rows per INSERT statement: far below SQLite's bound-parameter limit.
+_INSERT_CHUNK = 400
+
+
+class Outcome(str, enum.Enum):
+    """Where a leased row goes."""
+
+    DONE = DONE
+    IGNORED = IGNORED
+    DEAD = DEAD
+    #: Back to pending with a new payload and ``not_before`` (a retry or a
+    #: redirect handled by a downloader middleware).
+    RESCHEDULE = "reschedule"
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    name: str
+    generation: int
+    resumed: bool
+    dedup_scheme: str
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    fingerprint: str
+    priority: int
+    domain: str
+    url: str
+    payload: str
+    not_before: float = 0.0
+
+
+@dataclass(frozen=True)
+class Claimed:
+    id: int
+    token: str
+    fingerprint: str
+    payload: str
+    attempts: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    rows: list[Claimed]
+    #: When nothing was due: the earliest ``not_before`` of the job's pending
+    #: rows (None when there are none).
+    next_due: float | None = None
+    #: When nothing was due: how many rows other workers hold leased.
+    leased_elsewhere: int = 0
+
+
+@dataclass(frozen=True)
+class Transition:
+    task_id: int
+    token: str
+    outcome: Outcome
+    payload: str | None = None
+    url: str | None = None
+    not_before: float = 0.0
+    attempts_inc: int = 0
+    status: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class WriteBatch:
+    inserts: list[NewRequest] = field(default_factory=list)
+    transitions: list[Transition] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.inserts or self.transitions)
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    #: Fingerprints of the inserted rows; the others were already known.
+    inserted: frozenset[str]
+    settled: list[int]
+    lost: list[int]
+
+
+def new_token() -> str:
+    return secrets.token_hex(16)
+
+
+class Frontier:
+    """Named operations on the frontier tables. Thread-compatible, not
+    thread-safe: one caller thread at a time (the adapters use one)."""
+
+    def __init__(self, engine: Engine, *, lock: dialect.SqliteProcessLock | None = None):
+        self.engine = engine
+        self._lock = lock
+        self._insert = dialect.insert_ignore(requests, engine)
+        self._insert_fp = dialect.insert_ignore(fingerprints, engine)
+
+    # -- connection -------------------------------------------------------------------------
+
+    @classmethod
+    def connect(
+        cls,
+        url: str,
+        *,
+        auto_migrate: bool = False,
+        busy_timeout: float = 30.0,
+        exclusive: bool = True,
+    ) -> Frontier:
+        """Open the frontier at ``url`` (a SQLAlchemy URL) and check its schema.
+
+        For SQLite with ``exclusive``, the file is locked to this process
+        (:class:`FrontierLocked` if another holds it).
+        """
+        parsed = dialect.parse_url(url)
+        lock = None
+        if parsed.get_backend_name() == "sqlite" and exclusive:
+            lock = dialect.SqliteProcessLock(parsed)
+            lock.acquire()
+        try:
+            engine = dialect.create(parsed, busy_timeout=busy_timeout)
+            try:
+                migrate.check(engine, auto_migrate=auto_migrate)
+            except OperationalError as exc:
+                raise _unavailable(parsed, exc) from None
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        return cls(engine, lock=lock)
+
+    def close(self) -> None:
+        self.engine.dispose()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # -- jobs and workers -------------------------------------------------------------------
+
+    def open_job(self, name: str, dedup_scheme: str, *, now: float | None = None) -> Job:
+        """The running job of that name, or a new generation when the last one
+        finished (or none exists)."""
+        now = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                select(jobs.c.id, jobs.c.generation, jobs.c.state, jobs.c.dedup_scheme)
+                .where(jobs.c.name == name)
+                .order_by(jobs.c.generation.desc())
+                .limit(1)
+            ).first()
+            if row is not None and row.state == JOB_RUNNING:
+                if row.dedup_scheme != dedup_scheme:
+                    raise JobMismatch(
+                        f"Job {name!r} was started with request fingerprints "
+                        f"{row.dedup_scheme!r}, but this run uses {dedup_scheme!r}. Changing "
+                        "REQUEST_FINGERPRINTER_CLASS in the middle of a job would fetch pages "
+                        "again under new keys: finish the job with the old setting, or start "
+                        "a new one with another JOBDIR or RELIABILITY_JOB."
+                    )
+                return Job(row.id, name, row.generation, True, dedup_scheme)
+            generation = 1 if row is None else row.generation + 1
+            job_id = conn.execute(
+                jobs.insert()
+                .values(
+                    name=name,
+                    generation=generation,
+                    state=JOB_RUNNING,
+                    dedup_scheme=dedup_scheme,
+                    created_at=now,
+                )
+                .returning(jobs.c.id)
+            ).scalar_one()
+            return Job(job_id, name, generation, False, dedup_scheme)
+
+    def finish_job_if_complete(self, job_id: int, *, now: float | None = None) -> bool:
+        """Mark the job finished when no row is pending or leased; return whether it is."""
+        now = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            if self._unfinished(conn, job_id):
+                return False
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.state == JOB_RUNNING)
+                .values(state=JOB_FINISHED, finished_at=now)
+            )
+            return True
+
+    def register_worker(
+        self, job_id: int, worker_id: str, hostname: str, pid: int, *, now: float | None = None
+    ) -> None:
+        now = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            conn.execute(
+                workers.insert().values(
+                    id=worker_id,
+                    job_id=job_id,
+                    hostname=hostname,
+                    pid=pid,
+                    started_at=now,
+                    heartbeat_at=now,
+                )
+            )
+
+    def stop_worker(self, worker_id: str, *, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            conn.execute(update(workers).where(workers.c.id == worker_id).values(stopped_at=now))
+
+    def recover_dead_workers(
+        self,
+        job_id: int,
+        *,
+        me: str,
+        is_dead: Callable[[str, int], bool],
+        now: float | None = None,
+    ) -> int:
+        """Release at once the leases of this job's workers that ``is_dead(hostname,
+        pid)`` says are gone, instead of waiting for their leases to expire.
+        Returns how many rows went back to pending."""
+        now = time.time() if now is None else now
+        recovered = 0
+        with self.engine.begin() as conn:
+            live = conn.execute(
+                select(workers.c.id, workers.c.hostname, workers.c.pid).where(
+                    workers.c.job_id == job_id,
+                    workers.c.stopped_at.is_(None),
+                    workers.c.id != me,
+                )
+            ).all()
+            for worker in live:
+                if not is_dead(worker.hostname, worker.pid):
+                    continue
+                recovered += self._release(conn, worker.id, now)
+                conn.execute(
+                    update(workers).where(workers.c.id == worker.id).values(stopped_at=now)
+                )
+        return recovered
+
+    # -- the write path ---------------------------------------------------------------------
+
+    def write(self, job_id: int, batch: WriteBatch, *, now: float | None = None) -> WriteResult:
+        """Insert new requests (insert-or-ignore on the dedup key), then apply
+        transitions, in one transaction: a parent's ack never commits before
+        the children it yielded."""
+        now = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            inserted = self._insert_requests(conn, job_id, batch.inserts, now)
+            settled, lost = self._apply_transitions(conn, batch.transitions, now)
+        return WriteResult(frozenset(inserted), settled, lost)
+
+    def add(self, job_id: int, rows: Sequence[NewRequest]) -> frozenset[str]:
+        return self.write(job_id, WriteBatch(inserts=list(rows))).inserted
+
+    def settle(self, transition: Transition, *, now: float | None = None) -> None:
+        """Apply one transition; raise :class:`LeaseLost` if the token no longer holds."""
+        now = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            _, lost = self._apply_transitions(conn, [transition], now)
+        if lost:
+            raise LeaseLost(lost)
+
+    def _insert_requests(
+        self, conn: Connection, job_id: int, rows: Sequence[NewRequest], now: float
+    ) -> set[str]:
+        inserted: set[str] = set()
+        for start in range(0, len(rows), _INSERT_CHUNK):
+            chunk = rows[start : start + _INSERT_CHUNK]
+            values = [
+                {
+                    "job_id": job_id,
+                    "fingerprint": row.fingerprint,
+                    "state": PENDING,
+                    "priority": row.priority,
+                    "domain": row.domain,
+                    "url": row.url,
+                    "payload": row.payload,
+                    "not_before": row.not_before,
+                    "attempts": 0,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                for row in chunk
+            ]
+            result = conn.execute(
+                self._insert.values(values).returning(requests.c.fingerprint)
+            )
+            inserted.update(result.scalars())
+        return inserted
+
+    def _apply_transitions(
+        self, conn: Connection, transitions: Iterable[Transition], now: float
+    ) -> tuple[list[int], list[int]]:
+        settled: list[int] = []
+        lost: list[int] = []
+        # Plain settlements share a statement per (outcome, token); the rest go one by one.
+        groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+        singles: list[Transition] = []
+        for tr in transitions:
+            if tr.outcome in (Outcome.DONE, Outcome.IGNORED) and tr.error is None:
+                groups[(tr.outcome.value, tr.token)].append(tr.task_id)
+            else:
+                singles.append(tr)
+        for (state, token), ids in groups.items():
+            done = set(
+                conn.execute(
+                    update(requests)
+                    .where(
+                        requests.c.id.in_(ids),
+                        requests.c.lease_token == token,
+                        requests.c.state == LEASED,
+                    )
+                    .values(_cleared_lease(state, now))
+                    .returning(requests.c.id)
+                ).scalars()
+            )
+            settled.extend(done)
+            lost.extend(i for i in ids if i not in done)
+        for tr in singles:
+            values = _cleared_lease(
+                PENDING if tr.outcome is Outcome.RESCHEDULE else tr.outcome.value, now
+            )
+            if tr.outcome is Outcome.RESCHEDULE:
+                assert tr.payload is not None and tr.url is not None
+                values.update(
+                    payload=tr.payload,
+                    url=tr.url,
+                    not_before=tr.not_before,
+                    attempts=requests.c.attempts + tr.attempts_inc,
+                )
+            if tr.status is not None:
+                values["last_status"] = tr.status
+            if tr.error is not None:
+                values["last_error"] = tr.error[:4000]
+            row = conn.execute(
+                update(requests)
+                .where(
+                    requests.c.id == tr.task_id,
+                    requests.c.lease_token == tr.token,
+                    requests.c.state == LEASED,
+                )
+                .values(values)
+                .returning(requests.c.id)
+            ).first()
+            (settled if row is not None else lost).append(tr.task_id)
+        return settled, lost
+
+    # -- the claim path ---------------------------------------------------------------------
+
+    def claim(
+        self,
+        job_id: int,
+        worker_id: str,
+        limit: int,
+        *,
+        lease_seconds: float,
+        newest_first: bool = False,
+        now: float | None = None,
+    ) -> ClaimResult:
+        """Lease up to ``limit`` due pending rows: highest priority first, then
+        oldest (or newest, depth-first) first. Rows due later never block rows
+        due now. On Postgres, rows locked by a concurrent claim are skipped."""
+        now = time.time() if now is None else now
+        token = new_token()
+        order = requests.c.id.desc() if newest_first else requests.c.id.asc()
+        due = (
+            select(requests.c.id)
+            .where(
+                requests.c.job_id == job_id,
+                requests.c.state == PENDING,
+                requests.c.not_before <= now,
+            )
+            .order_by(requests.c.priority.desc(), order)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(requests)
+                .where(requests.c.id.in_(due.scalar_subquery()))
+                .values(
+                    state=LEASED,
+                    lease_token=token,
+                    worker_id=worker_id,
+                    lease_expires_at=now + lease_seconds,
+                    updated_at=now,
+                )
+                .returning(
+                    requests.c.id,
+                    requests.c.fingerprint,
+                    requests.c.payload,
+                    requests.c.attempts,
+                    requests.c.priority,
+                )
+            )
+            rows = [
+                Claimed(r.id, token, r.fingerprint, r.payload, r.attempts, r.priority)
+                for r in result
+            ]
+            if rows:
+                rows.sort(key=lambda c: (-c.priority, -c.id if newest_first else c.id))
+                return ClaimResult(rows)
+            next_due = conn.execute(
+                select(func.min(requests.c.not_before)).where(
+                    requests.c.job_id == job_id, requests.c.state == PENDING
+                )
+            ).scalar()
+            elsewhere = conn.execute(
+                select(func.count()).where(
+                    requests.c.job_id == job_id,
+                    requests.c.state == LEASED,
+                    requests.c.worker_id != worker_id,
+                )
+            ).scalar_one()
+            return ClaimResult([], next_due, elsewhere)
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def renew(
+        self, worker_id: str, *, lease_seconds: float, now: float | None = None
+    ) -> int:
+        """Heartbeat: extend every lease this worker still holds."""
+        now = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            conn.execute(update(workers).where(workers.c.id == worker_id).values(heartbeat_at=now))
+            return conn.execute(
+                update(requests)
+                .where(requests.c.worker_id == worker_id, requests.c.state == LEASED)
+                .values(lease_expires_at=now + lease_seconds)
+            ).rowcount
+
+    def expire(self, job_id: int, *, now: float | None = None) -> int:
+        """Leases past their expiry go back to pending (their worker died or hung)."""
+        now = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            return conn.execute(
+                update(requests)
+                .where(
+                    requests.c.job_id == job_id,
+                    requests.c.state == LEASED,
+                    requests.c.lease_expires_at < now,
+                )
+                .values(_cleared_lease(PENDING, now))
+            ).rowcount
+
+    def release_leases_of(self, worker_id: str, *, now: float | None = None) -> int:
+        """Graceful stop: this worker's leases go back to pending, spending no attempt."""
+        now = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            return self._release(conn, worker_id, now)
+
+    def _release(self, conn: Connection, worker_id: str, now: float) -> int:
+        return conn.execute(
+            update(requests)
+            .where(requests.c.worker_id == worker_id, requests.c.state == LEASED)
+            .values(_cleared_lease(PENDING, now))
+        ).rowcount
+
+    # -- standalone dupefilter --------------------------------------------------------------
+
+    def seen(self, job_id: int, fingerprint: str) -> bool:
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                select(fingerprints.c.fingerprint).where(
+                    fingerprints.c.job_id == job_id, fingerprints.c.fingerprint == fingerprint
+                )
+            ).first()
+            conn.rollback()
+        return found is not None
+
+    def add_fingerprints(self, job_id: int, fps: Iterable[str]) -> None:
+        values = [{"job_id": job_id, "fingerprint": fp} for fp in fps]
+        with self.engine.begin() as conn:
+            for start in range(0, len(values), _INSERT_CHUNK):
+                conn.execute(self._insert_fp.values(values[start : start + _INSERT_CHUNK]))
+
+    # -- inspection -------------------------------------------------------------------------
+
+    def counts(self, job_id: int) -> dict[str, int]:
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                select(requests.c.state, func.count())
+                .where(requests.c.job_id == job_id)
+                .group_by(requests.c.state)
+            ).all()
+        return {state: count for state, count in rows}
+
+    def has_unfinished(self, job_id: int) -> bool:
+        with self.engine.begin() as conn:
+            return self._unfinished(conn, job_id)
+
+    @staticmethod
+    def _unfinished(conn: Connection, job_id: int) -> bool:
+        return (
+            conn.execute(
+                select(requests.c.id)
+                .where(requests.c.job_id == job_id, requests.c.state.in_((PENDING, LEASED)))
+                .limit(1)
+            ).first()
+            is not None
+        )
+
+    def lease_of(self, task_id: int) -> tuple[str, str | None, str | None, float | None]:
+        """(state, worker, token, expires_at) of one row: for tests and ``explain``."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                select(
+                    requests.c.state,
+                    requests.c.worker_id,
+                    requests.c.lease_token,
+                    requests.c.lease_expires_at,
+                ).where(requests.c.id == task_id)
+            ).one()
+        return row.state, row.worker_id, row.lease_token, row.lease_expires_at
+
+    def job_state(self, job_id: int) -> str:
+        with self.engine.begin() as conn:
+            return str(conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one())
+
+
+def _cleared_lease(state: str, now: float) -> dict[str, object]:
+    return {
+        "state": state,
+        "lease_token": None,
+        "worker_id": None,
+        "lease_expires_at": None,
+        "updated_at": now,
+    }
+
+
+def _unavailable(url: object, exc: OperationalError) -> Exception:
+    message = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    if "database is locked" in message:
+        return FrontierLocked(
+            f"The SQLite frontier {dialect.redact(str(url))} stayed locked by another "
+            "process past RELIABILITY_SQLITE_BUSY_TIMEOUT; stop the other process, or use "
+            "PostgreSQL for several workers."
+        )
+    return FrontierUnavailable(
+        f"Cannot open the frontier database {dialect.redact(str(url))}: {message}. Check "
+        "RELIABILITY_DATABASE_URL (host, port, database name, credentials) and that the "
+        "server is running."
+    )
+
+
+__all__ = [
+    "ClaimResult",
+    "Claimed",
+    "Frontier",
+    "Job",
+    "NewRequest",
+    "Outcome",
+    "SQLAlchemyError",
+    "Transition",
+    "WriteBatch",
+    "WriteResult",
+]

@@ -1,0 +1,717 @@
+"""The Scheduler: Scrapy's request queue, replaced by the transactional frontier.
+
+Contract with the engine (see :class:`scrapy.core.scheduler.BaseScheduler`):
+
+* ``enqueue_request`` answers at once. A request is serialized to JSON (an
+  unstorable one is refused and logged, naming the key) and buffered; the
+  buffer is written by a database thread, in batches, with insert-or-ignore on
+  the dedup key. A duplicate already known to this process is refused at once;
+  one only the database knows is counted as filtered when the batch lands.
+* ``next_request`` hands out requests claimed (leased) from the frontier in
+  batches into a small local buffer. Only when that buffer is empty does the
+  reactor wait for a claim.
+* A request is acked only when Scrapy is done with it: its callback (or
+  errback) output consumed, the requests it yielded buffered before the ack in
+  the same ordered write, its items through the item pipelines, and feed
+  exports flushed. A crash before then means it is fetched again.
+* ``close("finished")`` leaves no row pending or leased; any other reason (one
+  Ctrl-C, SIGTERM, a CLOSESPIDER limit) releases this worker's leases as pending
+  without spending an attempt, so the next run resumes.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from scrapy import Request, Spider
+from scrapy.core.scheduler import BaseScheduler
+from scrapy.exceptions import IgnoreRequest
+from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import build_from_crawler, load_object
+from twisted.internet import reactor, task
+from twisted.internet.defer import Deferred, succeed
+from twisted.python.failure import Failure
+
+from scrapy_reliability import _feeds, _jobs
+from scrapy_reliability._executor import DatabaseThread
+from scrapy_reliability.config import Config
+from scrapy_reliability.dupefilter import DupeFilter
+from scrapy_reliability.frontier import (
+    Claimed,
+    ClaimResult,
+    Frontier,
+    Job,
+    LeaseLost,
+    NewRequest,
+    Outcome,
+    Transition,
+    WriteBatch,
+    WriteResult,
+)
+from scrapy_reliability.serialization import (
+    UnserializableRequest,
+    payload_to_request,
+    request_to_payload,
+)
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+#: Request meta key holding the frontier row id of a request this worker leased.
+TASK_META = "reliability_task_id"
+
+# A failed write is tried again after this many seconds; nothing is dropped.
+_WRITE_RETRY_SECONDS = 1.0
+# With nothing due and other workers holding leases, look again this often.
+_POLL_SECONDS = 1.0
+
+
+class _Stage(enum.Enum):
+    READY = "ready"  # claimed, in the local buffer
+    FETCHING = "fetching"  # handed to the engine, in the downloader
+    SCRAPING = "scraping"  # the callback/errback and its output are being processed
+    SETTLING = "settling"  # its transition is buffered or being written
+
+
+@dataclass
+class _Lease:
+    task_id: int
+    token: str
+    key: str
+    stage: _Stage
+    #: Scrapy's retry count when claimed: a request sent back with a higher one is
+    #: a retry (one more attempt); otherwise a redirect.
+    retry_times: int = 0
+
+
+class Scheduler(BaseScheduler):
+    """``SCHEDULER = "scrapy_reliability.Scheduler"``."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        config: Config,
+        dupefilter: DupeFilter,
+        stats: StatsCollector,
+    ):
+        self.crawler = crawler
+        self.config = config
+        self.dupefilter = dupefilter
+        self.stats = stats
+        self.spider: Spider | None = None
+        self.frontier: Frontier | None = None
+        self.job: Job | None = None
+        self.worker_id, self.hostname, self.pid = _jobs.worker_identity()
+        self._db = DatabaseThread()
+        self._ready: deque[Request] = deque()
+        self._leases: dict[int, _Lease] = {}
+        self._batch = WriteBatch()
+        self._batch_requests: dict[str, Request] = {}
+        self._flush_future: Future[WriteResult] | None = None
+        self._flush_scheduled = False
+        self._claim_future: Future[ClaimResult] | None = None
+        # Nothing is due before this time unless something changed (a write landed).
+        self._idle_until = 0.0
+        self._maybe_pending = True
+        self._start_key_counts: dict[str, int] = {}
+        self._feed_exporters: list[Any] = []
+        self._heartbeat: task.LoopingCall | None = None
+        self._wake_call: Any = None
+        self._unhook: Callable[[], None] | None = None
+        self._closing = False
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        config = Config.from_settings(crawler.settings)
+        dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
+        dupefilter = build_from_crawler(dupefilter_cls, crawler)
+        if not isinstance(dupefilter, DupeFilter):
+            raise ValueError(
+                "scrapy_reliability.Scheduler deduplicates with its frontier and needs "
+                "DUPEFILTER_CLASS = 'scrapy_reliability.DupeFilter' (or a subclass); got "
+                f"{crawler.settings['DUPEFILTER_CLASS']!r}."
+            )
+        assert crawler.stats is not None
+        return cls(crawler, config, dupefilter, crawler.stats)
+
+    # -- open / close -----------------------------------------------------------------------
+
+    def open(self, spider: Spider) -> Deferred[None]:
+        self.spider = spider
+        settings = self.crawler.settings
+        url = _jobs.database_url(self.config, settings, spider.name)
+        name = _jobs.job_name(self.config, settings, spider.name)
+        _feeds.repair_line_feeds(settings.getdict("FEEDS"))
+        self._feed_exporters = _feeds.feed_exporters(self.crawler)
+        d = self._db.deferred(self._open_frontier, url, name)
+        d.addCallback(self._opened)
+        return d
+
+    def _open_frontier(self, url: str, name: str) -> tuple[Job, int, dict[str, int]]:
+        """On the database thread: connect, open the job, register, recover."""
+        frontier = Frontier.connect(
+            url,
+            auto_migrate=self.config.auto_migrate,
+            busy_timeout=self.config.sqlite_busy_timeout,
+        )
+        self.frontier = frontier
+        job = frontier.open_job(name, self.dupefilter.scheme)
+        frontier.register_worker(job.id, self.worker_id, self.hostname, self.pid)
+        # One process per SQLite file (held by the lock), so any other registered
+        # worker of this job is a dead predecessor.
+        exclusive = frontier.engine.dialect.name == "sqlite"
+        recovered = frontier.recover_dead_workers(
+            job.id,
+            me=self.worker_id,
+            is_dead=(lambda _h, _p: True) if exclusive else _jobs.local_process_is_dead,
+        )
+        recovered += frontier.expire(job.id)
+        return job, recovered, frontier.counts(job.id) if job.resumed else {}
+
+    def _opened(self, opened: tuple[Job, int, dict[str, int]]) -> None:
+        job, recovered, counts = opened
+        self.job = job
+        if job.resumed:
+            logger.info(
+                "Resuming job %(job)s (run %(gen)d): %(pending)d pending, %(done)d done, "
+                "%(recovered)d leases of a dead worker taken back",
+                {
+                    "job": job.name,
+                    "gen": job.generation,
+                    "pending": counts.get("pending", 0) + counts.get("leased", 0),
+                    "done": counts.get("done", 0),
+                    "recovered": recovered,
+                },
+                extra={"spider": self.spider},
+            )
+        else:
+            logger.info(
+                "Starting job %(job)s (run %(gen)d) on the frontier %(url)s",
+                {"job": job.name, "gen": job.generation, "url": self._url_for_log()},
+                extra={"spider": self.spider},
+            )
+        self.stats.set_value("reliability/job/run", job.generation)
+        self.stats.set_value("reliability/job/resumed", job.resumed)
+        self.stats.inc_value("reliability/lease/recovered", recovered)
+        self._unhook = _hook_scrape_completion(self.crawler, self._scrape_started, self._scraped)
+        self._heartbeat = task.LoopingCall(self._beat)
+        self._heartbeat.start(self.config.heartbeat_seconds, now=False)
+
+    def _url_for_log(self) -> str:
+        from scrapy_reliability.frontier.dialect import redact
+
+        assert self.frontier is not None
+        return redact(self.frontier.engine.url)
+
+    def close(self, reason: str) -> Deferred[None]:
+        self._closing = True
+        if self._heartbeat is not None and self._heartbeat.running:
+            self._heartbeat.stop()
+        if self._wake_call is not None and self._wake_call.active():
+            self._wake_call.cancel()
+        if self._unhook is not None:
+            self._unhook()
+        if self.frontier is None or self.job is None:
+            self._db.shutdown()
+            return succeed(None)
+        finished = reason == "finished"
+        orphans = [
+            lease
+            for lease in self._leases.values()
+            if lease.stage in (_Stage.FETCHING, _Stage.SCRAPING)
+        ]
+        if finished:
+            # The engine went idle with these never completed: a downloader middleware
+            # replaced or dropped them. Scrapy is done with them, so is the frontier.
+            for lease in orphans:
+                logger.warning(
+                    "Frontier task %(id)d was dropped by a middleware without a response; "
+                    "recording it as ignored",
+                    {"id": lease.task_id},
+                    extra={"spider": self.spider},
+                )
+                self._settle(lease, Outcome.IGNORED, error="dropped without a response")
+        _feeds.flush_feeds(self._feed_exporters)
+        batch, self._batch = self._batch, WriteBatch()
+        self._batch_requests = {}
+        released_ready = len(self._ready)
+        self._ready.clear()
+        d = self._db.deferred(self._close_frontier, batch, finished)
+        d.addCallback(self._closed, reason, released_ready)
+        return d
+
+    def _close_frontier(self, batch: WriteBatch, finished: bool) -> tuple[int, bool, int]:
+        assert self.frontier is not None and self.job is not None
+        frontier = self.frontier
+        lost: list[int] = []
+        if batch:
+            lost = frontier.write(self.job.id, batch).lost
+        released = frontier.release_leases_of(self.worker_id)
+        complete = frontier.finish_job_if_complete(self.job.id) if finished else False
+        frontier.stop_worker(self.worker_id)
+        frontier.close()
+        return released, complete, len(lost)
+
+    def _closed(self, result: tuple[int, bool, int], reason: str, ready: int) -> None:
+        released, complete, lost = result
+        if lost:
+            self.stats.inc_value("reliability/lease/lost", lost)
+        self.stats.set_value("reliability/lease/released", released)
+        assert self.job is not None
+        if reason == "finished":
+            if complete:
+                logger.info(
+                    "Job %(job)s finished: no request is pending or leased",
+                    {"job": self.job.name},
+                    extra={"spider": self.spider},
+                )
+            else:
+                logger.info(
+                    "This worker is done; other workers still hold requests of job %(job)s",
+                    {"job": self.job.name},
+                    extra={"spider": self.spider},
+                )
+        else:
+            logger.info(
+                "Closed (%(reason)s): %(released)d leased requests released as pending "
+                "(%(ready)d never started); run the same command again to resume job %(job)s",
+                {"reason": reason, "released": released, "ready": ready, "job": self.job.name},
+                extra={"spider": self.spider},
+            )
+        self._db.shutdown()
+
+    # -- enqueue ----------------------------------------------------------------------------
+
+    def enqueue_request(self, request: Request) -> bool:
+        task_id = request.meta.get(TASK_META)
+        if task_id is not None:
+            lease = self._leases.get(task_id)
+            if lease is not None and lease.stage is _Stage.FETCHING:
+                return self._reschedule(lease, request)
+            # A child built with the parent's meta: it is a new request.
+            del request.meta[TASK_META]
+        assert self.spider is not None
+        try:
+            payload = request_to_payload(request, self.spider)
+        except UnserializableRequest as exc:
+            logger.error(
+                "Refused to schedule %(request)s: %(error)s",
+                {"request": request, "error": exc},
+                extra={"spider": self.spider},
+            )
+            self.stats.inc_value("reliability/refused/unserializable")
+            return False
+        key = self._key_for(request)
+        if key in self.dupefilter.recent or key in self._batch_requests:
+            self.dupefilter.log(request, self.spider)
+            return False
+        self.dupefilter.recent.add(key)
+        self._batch.inserts.append(
+            NewRequest(
+                fingerprint=key,
+                priority=request.priority,
+                domain=urlparse_cached(request).hostname or "",
+                url=request.url,
+                payload=payload,
+            )
+        )
+        self._batch_requests[key] = request
+        self.stats.inc_value("reliability/enqueued")
+        self._schedule_flush()
+        return True
+
+    def _key_for(self, request: Request) -> str:
+        fingerprint = self.dupefilter.key(request)
+        if not request.dont_filter:
+            return fingerprint
+        if request.meta.get("is_start_request"):
+            # Deterministic across runs, so a resumed job does not fetch its start
+            # requests again: the n-th start request with this fingerprint.
+            n = self._start_key_counts.get(fingerprint, 0)
+            self._start_key_counts[fingerprint] = n + 1
+            return f"s:{fingerprint}:{n}"
+        # dont_filter=True still gets a row, under a key of its own.
+        return f"u:{uuid.uuid4().hex}"
+
+    def _reschedule(self, lease: _Lease, request: Request) -> bool:
+        """A downloader middleware sent our leased request back (a retry or a
+        redirect): the same row goes back to pending with the new request."""
+        assert self.spider is not None
+        retried = int(request.meta.get("retry_times", 0)) > lease.retry_times
+        try:
+            payload = request_to_payload(request, self.spider)
+        except UnserializableRequest as exc:
+            logger.error(
+                "Cannot store the rescheduled %(request)s: %(error)s; it stays leased and "
+                "is fetched again after a restart",
+                {"request": request, "error": exc},
+                extra={"spider": self.spider},
+            )
+            self.stats.inc_value("reliability/refused/unserializable")
+            return False
+        lease.stage = _Stage.SETTLING
+        self._batch.transitions.append(
+            Transition(
+                lease.task_id,
+                lease.token,
+                Outcome.RESCHEDULE,
+                payload=payload,
+                url=request.url,
+                not_before=0.0,
+                attempts_inc=1 if retried else 0,
+            )
+        )
+        self.stats.inc_value(f"reliability/rescheduled/{'retry' if retried else 'redirect'}")
+        self._schedule_flush()
+        return True
+
+    # -- claim ------------------------------------------------------------------------------
+
+    def has_pending_requests(self) -> bool:
+        return bool(
+            self._ready
+            or self._batch
+            or self._flush_future is not None
+            or self._claim_future is not None
+            or self._maybe_pending
+        )
+
+    def next_request(self) -> Request | None:
+        if not self._ready and not self._closing:
+            self._claim(block=True)
+        if not self._ready:
+            return None
+        request = self._ready.popleft()
+        lease = self._leases.get(request.meta[TASK_META])
+        if lease is not None:
+            lease.stage = _Stage.FETCHING
+        if len(self._ready) <= self.config.claim_batch // 2:
+            self._claim(block=False)
+        self.stats.inc_value("reliability/dequeued")
+        return request
+
+    def _claim(self, *, block: bool) -> None:
+        if self.job is None or self._closing:
+            return
+        if self._claim_future is None:
+            if time.time() < self._idle_until:
+                return
+            if self._batch and self._flush_future is None:
+                self._flush()
+            self._claim_future = self._db.call_soon(
+                self._claim_on_thread, self._claimed, self.job.id
+            )
+        if block:
+            future = self._claim_future
+            future.result()
+            self._claimed(future)
+
+    def _claim_on_thread(self, job_id: int) -> ClaimResult:
+        assert self.frontier is not None
+        return self.frontier.claim(
+            job_id,
+            self.worker_id,
+            self.config.claim_batch,
+            lease_seconds=self.config.lease_seconds,
+            newest_first=self.config.order == "dfs",
+        )
+
+    def _claimed(self, future: Future[ClaimResult]) -> None:
+        if future is not self._claim_future:
+            return  # already handled
+        self._claim_future = None
+        exc = future.exception()
+        if exc is not None:
+            logger.error(
+                "Claiming requests failed: %(error)s; trying again in %(s).0f s",
+                {"error": exc, "s": _WRITE_RETRY_SECONDS},
+                extra={"spider": self.spider},
+            )
+            self._idle_until = time.time() + _WRITE_RETRY_SECONDS
+            self._maybe_pending = True
+            self._wake_at(self._idle_until)
+            return
+        result = future.result()
+        if result.rows:
+            self._idle_until = 0.0
+            self._maybe_pending = True
+            self.stats.inc_value("reliability/claimed", len(result.rows))
+            for row in result.rows:
+                self._take(row)
+            return
+        now = time.time()
+        if result.next_due is not None:
+            self._maybe_pending = True
+            self._idle_until = max(result.next_due, now + 0.05)
+            self._wake_at(self._idle_until)
+        elif result.leased_elsewhere:
+            self._maybe_pending = True
+            self._idle_until = now + _POLL_SECONDS
+            self._wake_at(self._idle_until)
+        else:
+            # Nothing pending anywhere: only a write of ours can change that.
+            self._maybe_pending = False
+            self._idle_until = math.inf
+
+    def _take(self, row: Claimed) -> None:
+        assert self.spider is not None
+        lease = _Lease(row.id, row.token, row.fingerprint, _Stage.READY)
+        self._leases[row.id] = lease
+        try:
+            request = payload_to_request(row.payload, self.spider)
+        except (UnserializableRequest, ValueError, TypeError, KeyError) as exc:
+            logger.error(
+                "Frontier task %(id)d cannot be rebuilt into a request (%(error)s); "
+                "recording it as dead",
+                {"id": row.id, "error": exc},
+                extra={"spider": self.spider},
+            )
+            self._settle(lease, Outcome.DEAD, error=f"cannot rebuild request: {exc}")
+            return
+        request.meta[TASK_META] = row.id
+        lease.retry_times = int(request.meta.get("retry_times", 0))
+        self._ready.append(request)
+
+    # -- completion -------------------------------------------------------------------------
+
+    def _scrape_started(self, request: Request) -> None:
+        lease = self._lease_of(request)
+        if lease is not None and lease.stage is _Stage.FETCHING:
+            lease.stage = _Stage.SCRAPING
+
+    def _scraped(self, result: Any, request: Request) -> None:
+        """Scrapy is done with ``request``: output consumed, children scheduled,
+        items through the pipelines."""
+        lease = self._lease_of(request)
+        if lease is None or lease.stage is not _Stage.SCRAPING:
+            return
+        if isinstance(result, Failure):
+            if result.check(IgnoreRequest):
+                self._settle(lease, Outcome.IGNORED)
+            else:
+                self._settle(
+                    lease,
+                    Outcome.DEAD,
+                    error=f"{result.type.__name__}: {result.getErrorMessage()}",
+                )
+        else:
+            self._settle(lease, Outcome.DONE, status=getattr(result, "status", None))
+
+    def _lease_of(self, request: Request) -> _Lease | None:
+        task_id = request.meta.get(TASK_META)
+        return None if task_id is None else self._leases.get(task_id)
+
+    def _settle(
+        self,
+        lease: _Lease,
+        outcome: Outcome,
+        *,
+        status: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        lease.stage = _Stage.SETTLING
+        self._batch.transitions.append(
+            Transition(
+                lease.task_id,
+                lease.token,
+                outcome,
+                status=status if outcome is not Outcome.DONE else None,
+                error=error,
+            )
+        )
+        self._schedule_flush()
+
+    # -- the write path ---------------------------------------------------------------------
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and not self._closing:
+            self._flush_scheduled = True
+            reactor.callLater(0, self._flush)  # type: ignore[attr-defined]
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._flush_future is not None or not self._batch or self.job is None:
+            return
+        if self._closing:
+            return
+        # Items already written to feeds reach the file before their requests' acks.
+        _feeds.flush_feeds(self._feed_exporters)
+        batch, self._batch = self._batch, WriteBatch()
+        requests, self._batch_requests = self._batch_requests, {}
+        self._flush_future = self._db.call_soon(
+            self._write_on_thread,
+            lambda future: self._flushed(future, batch, requests),
+            self.job.id,
+            batch,
+        )
+
+    def _write_on_thread(self, job_id: int, batch: WriteBatch) -> WriteResult:
+        assert self.frontier is not None
+        return self.frontier.write(job_id, batch)
+
+    def _flushed(
+        self, future: Future[WriteResult], batch: WriteBatch, requests: dict[str, Request]
+    ) -> None:
+        self._flush_future = None
+        exc = future.exception()
+        if exc is not None:
+            # Keep everything: put the batch back in front and try again.
+            logger.error(
+                "Writing %(n)d frontier changes failed: %(error)s; retrying in %(s).0f s "
+                "(nothing is dropped; requests stay unacknowledged until written)",
+                {"n": len(batch.inserts) + len(batch.transitions), "error": exc,
+                 "s": _WRITE_RETRY_SECONDS},
+                extra={"spider": self.spider},
+            )
+            self.stats.inc_value("reliability/write/errors")
+            self._batch.inserts[:0] = batch.inserts
+            self._batch.transitions[:0] = batch.transitions
+            requests.update(self._batch_requests)
+            self._batch_requests = requests
+            if not self._closing:
+                reactor.callLater(_WRITE_RETRY_SECONDS, self._schedule_flush)  # type: ignore[attr-defined]
+            return
+        result = future.result()
+        self.stats.inc_value("reliability/write/batches")
+        assert self.spider is not None
+        for row in batch.inserts:
+            if row.fingerprint not in result.inserted:
+                self.stats.inc_value("reliability/duplicates/stored")
+                request = requests.get(row.fingerprint)
+                if request is not None:
+                    self.dupefilter.log(request, self.spider)
+        inserted = len(result.inserted)
+        self.stats.inc_value("reliability/stored", inserted)
+        outcomes = {tr.task_id: tr.outcome for tr in batch.transitions}
+        for task_id in result.settled:
+            self._leases.pop(task_id, None)
+            self.stats.inc_value(f"reliability/{_STAT_OF[outcomes[task_id]]}")
+        if result.lost:
+            self.stats.inc_value("reliability/lease/lost", len(result.lost))
+            for task_id in result.lost:
+                self._leases.pop(task_id, None)
+            logger.warning("%(error)s", {"error": LeaseLost(result.lost)},
+                           extra={"spider": self.spider})
+        if inserted or any(o is Outcome.RESCHEDULE for o in outcomes.values()):
+            self._idle_until = 0.0
+            self._maybe_pending = True
+        if self._batch:
+            self._schedule_flush()
+        self._wake_engine()
+
+    # -- heartbeat --------------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        if self.job is None or self._closing:
+            return
+        self._db.call_soon(self._beat_on_thread, self._beaten, self.job.id)
+
+    def _beat_on_thread(self, job_id: int) -> tuple[int, int]:
+        assert self.frontier is not None
+        renewed = self.frontier.renew(self.worker_id, lease_seconds=self.config.lease_seconds)
+        expired = self.frontier.expire(job_id)
+        return renewed, expired
+
+    def _beaten(self, future: Future[tuple[int, int]]) -> None:
+        exc = future.exception()
+        if exc is not None:
+            logger.error(
+                "Lease heartbeat failed: %(error)s", {"error": exc}, extra={"spider": self.spider}
+            )
+            return
+        _renewed, expired = future.result()
+        if expired:
+            self.stats.inc_value("reliability/lease/recovered", expired)
+            logger.info(
+                "%(n)d expired leases of other workers went back to pending",
+                {"n": expired},
+                extra={"spider": self.spider},
+            )
+            self._idle_until = 0.0
+            self._maybe_pending = True
+            self._wake_engine()
+
+    # -- waking the engine ------------------------------------------------------------------
+
+    def _wake_at(self, when: float) -> None:
+        delay = max(0.0, when - time.time())
+        if self._wake_call is not None and self._wake_call.active():
+            if self._wake_call.getTime() <= reactor.seconds() + delay:  # type: ignore[attr-defined]
+                return
+            self._wake_call.cancel()
+        self._wake_call = reactor.callLater(delay, self._wake_engine)  # type: ignore[attr-defined]
+
+    def _wake_engine(self) -> None:
+        """Ask the engine to call next_request() now rather than at its next
+        5-second heartbeat."""
+        engine = getattr(self.crawler, "engine", None)
+        nextcall = getattr(getattr(engine, "_slot", None), "nextcall", None)
+        if nextcall is not None:
+            nextcall.schedule()
+
+    def __len__(self) -> int:
+        return len(self._ready) + len(self._batch.inserts)
+
+
+_STAT_OF = {
+    Outcome.DONE: "acked",
+    Outcome.IGNORED: "ignored",
+    Outcome.DEAD: "dead",
+    Outcome.RESCHEDULE: "rescheduled/stored",
+}
+
+
+def _hook_scrape_completion(
+    crawler: Crawler,
+    on_start: Callable[[Request], None],
+    on_done: Callable[[Any, Request], None],
+) -> Callable[[], None]:
+    """Call ``on_done(result, request)`` when Scrapy has fully processed a
+    downloaded response or failure.
+
+    Scrapy has no signal for that moment: ``Scraper.enqueue_scrape`` returns a
+    Deferred that fires once the callback or errback output is consumed, every
+    request it yielded is scheduled and every item it yielded has left the item
+    pipelines (``item_scraped``/``item_dropped``/``item_error`` sent). This wraps
+    it; returns a function that removes the wrap.
+    """
+    scraper = getattr(getattr(crawler, "engine", None), "scraper", None)
+    original = getattr(scraper, "enqueue_scrape", None)
+    if scraper is None or original is None:
+        raise RuntimeError(
+            "scrapy_reliability.Scheduler cannot find Scraper.enqueue_scrape in this "
+            "Scrapy version; it needs it to acknowledge requests after their items are "
+            "settled. Please report your Scrapy version."
+        )
+
+    def enqueue_scrape(result: Any, request: Request) -> Deferred[Any]:
+        on_start(request)
+        d: Deferred[Any] = original(result, request)
+
+        def done(value: Any) -> Any:
+            on_done(result, request)
+            return value
+
+        d.addBoth(done)
+        return d
+
+    scraper.enqueue_scrape = enqueue_scrape
+
+    def unhook() -> None:
+        if scraper.enqueue_scrape is enqueue_scrape:
+            scraper.enqueue_scrape = original
+
+    return unhook

@@ -1,0 +1,1 @@
+"""Test helpers: a fault-injecting local site. Not a stable API."""

@@ -7,10 +7,16 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 
 T = TypeVar("T")
+
+
+def the_reactor() -> Any:
+    """The installed Twisted reactor (imported late: importing it installs one)."""
+    from twisted.internet import reactor
+
+    return reactor
 
 
 class DatabaseThread:
@@ -28,7 +34,7 @@ class DatabaseThread:
     ) -> Future[T]:
         """Run ``fn`` on the thread; ``on_done(future)`` then runs on the reactor thread."""
         future = self._pool.submit(fn, *args)
-        future.add_done_callback(lambda f: reactor.callFromThread(on_done, f))  # type: ignore[attr-defined]
+        future.add_done_callback(lambda f: the_reactor().callFromThread(on_done, f))
         return future
 
     def deferred(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:

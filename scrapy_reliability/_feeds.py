@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from scrapy.crawler import Crawler
 
@@ -42,8 +42,8 @@ def flush_feeds(exporters: list[Any]) -> None:
 def repair_line_feeds(feeds: dict[str, Any]) -> list[Path]:
     """Cut a trailing partial line from appended local line-based feeds."""
     repaired: list[Path] = []
-    for uri, options in feeds.items():
-        options = options or {}
+    for uri, raw_options in feeds.items():
+        options = raw_options or {}
         if options.get("overwrite", False) or options.get("format") not in LINE_FORMATS:
             continue
         path = _local_path(str(uri))
@@ -79,7 +79,7 @@ def _local_path(uri: str) -> Path | None:
     return Path(uri)
 
 
-def _last_newline_end(fh: Any, size: int) -> int:
+def _last_newline_end(fh: IO[bytes], size: int) -> int:
     block = 65536
     pos = size
     while pos > 0:
@@ -88,6 +88,6 @@ def _last_newline_end(fh: Any, size: int) -> int:
         chunk = fh.read(pos - start)
         idx = chunk.rfind(b"\n")
         if idx >= 0:
-            return start + idx + 1
+            return int(start + idx + 1)
         pos = start
     return 0

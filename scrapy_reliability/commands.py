@@ -51,9 +51,7 @@ class FrontierCommand(ScrapyCommand):
                 )
             url = _jobs.database_url(config, self.settings, spider)
         try:
-            engine = dialect.create(
-                dialect.parse_url(url), busy_timeout=config.sqlite_busy_timeout
-            )
+            engine = dialect.create(dialect.parse_url(url), busy_timeout=config.sqlite_busy_timeout)
             before, after = migrate.upgrade(engine)
             engine.dispose()
         except FrontierError as exc:

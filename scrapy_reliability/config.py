@@ -25,11 +25,13 @@ class Config:
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 10.0
     claim_batch: int = 16
-    flush_max_rows: int = 2000
     order: str = "bfs"
     auto_migrate: bool = False
     sqlite_busy_timeout: float = 30.0
     dedup_cache_size: int = 50_000
+    #: Requests handed to the engine and not yet acked, at most; None means
+    #: CONCURRENT_REQUESTS. It bounds what a crash fetches again.
+    max_in_flight: int | None = None
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Config:
@@ -59,9 +61,6 @@ class Config:
             lease_seconds=lease,
             heartbeat_seconds=heartbeat,
             claim_batch=_positive_int(settings, "RELIABILITY_CLAIM_BATCH", cls.claim_batch),
-            flush_max_rows=_positive_int(
-                settings, "RELIABILITY_FLUSH_MAX_ROWS", cls.flush_max_rows
-            ),
             order=order,
             auto_migrate=_bool(settings, "RELIABILITY_AUTO_MIGRATE", cls.auto_migrate),
             sqlite_busy_timeout=_positive_float(
@@ -69,6 +68,11 @@ class Config:
             ),
             dedup_cache_size=_positive_int(
                 settings, "RELIABILITY_DEDUP_CACHE_SIZE", cls.dedup_cache_size
+            ),
+            max_in_flight=(
+                _positive_int(settings, "RELIABILITY_MAX_IN_FLIGHT", 1)
+                if settings.get("RELIABILITY_MAX_IN_FLIGHT") is not None
+                else None
             ),
         )
 
@@ -104,6 +108,4 @@ def _bool(settings: BaseSettings, name: str, default: bool) -> bool:
     try:
         return settings.getbool(name, default)
     except ValueError:
-        raise SettingError(
-            f"{name} must be True or False (got {settings.get(name)!r})."
-        ) from None
+        raise SettingError(f"{name} must be True or False (got {settings.get(name)!r}).") from None

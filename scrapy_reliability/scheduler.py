@@ -37,12 +37,12 @@ from scrapy.core.scheduler import BaseScheduler
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
-from twisted.internet import reactor, task
+from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
 from scrapy_reliability import _feeds, _jobs
-from scrapy_reliability._executor import DatabaseThread
+from scrapy_reliability._executor import DatabaseThread, the_reactor
 from scrapy_reliability.config import Config
 from scrapy_reliability.dupefilter import DupeFilter
 from scrapy_reliability.frontier import (
@@ -132,6 +132,9 @@ class Scheduler(BaseScheduler):
         self._wake_call: Any = None
         self._unhook: Callable[[], None] | None = None
         self._closing = False
+        self.max_in_flight = config.max_in_flight or crawler.settings.getint(
+            "CONCURRENT_REQUESTS"
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -156,9 +159,7 @@ class Scheduler(BaseScheduler):
         name = _jobs.job_name(self.config, settings, spider.name)
         _feeds.repair_line_feeds(settings.getdict("FEEDS"))
         self._feed_exporters = _feeds.feed_exporters(self.crawler)
-        d = self._db.deferred(self._open_frontier, url, name)
-        d.addCallback(self._opened)
-        return d
+        return self._db.deferred(self._open_frontier, url, name).addCallback(self._opened)
 
     def _open_frontier(self, url: str, name: str) -> tuple[Job, int, dict[str, int]]:
         """On the database thread: connect, open the job, register, recover."""
@@ -249,9 +250,9 @@ class Scheduler(BaseScheduler):
         self._batch_requests = {}
         released_ready = len(self._ready)
         self._ready.clear()
-        d = self._db.deferred(self._close_frontier, batch, finished)
-        d.addCallback(self._closed, reason, released_ready)
-        return d
+        return self._db.deferred(self._close_frontier, batch, finished).addCallback(
+            self._closed, reason, released_ready
+        )
 
     def _close_frontier(self, batch: WriteBatch, finished: bool) -> tuple[int, bool, int]:
         assert self.frontier is not None and self.job is not None
@@ -390,6 +391,11 @@ class Scheduler(BaseScheduler):
         )
 
     def next_request(self) -> Request | None:
+        # Leases handed to the engine and not yet settled in the database: the
+        # requests a kill -9 now would fetch again. Bounded, so a crash costs at
+        # most this many refetches however far the scraper lags the downloader.
+        if len(self._leases) - len(self._ready) >= self.max_in_flight:
+            return None
         if not self._ready and not self._closing:
             self._claim(block=True)
         if not self._ready:
@@ -499,13 +505,13 @@ class Scheduler(BaseScheduler):
         if lease is None or lease.stage is not _Stage.SCRAPING:
             return
         if isinstance(result, Failure):
-            if result.check(IgnoreRequest):
+            if isinstance(result.value, IgnoreRequest):
                 self._settle(lease, Outcome.IGNORED)
             else:
                 self._settle(
                     lease,
                     Outcome.DEAD,
-                    error=f"{result.type.__name__}: {result.getErrorMessage()}",
+                    error=f"{type(result.value).__name__}: {result.value}",
                 )
         else:
             self._settle(lease, Outcome.DONE, status=getattr(result, "status", None))
@@ -539,7 +545,7 @@ class Scheduler(BaseScheduler):
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled and not self._closing:
             self._flush_scheduled = True
-            reactor.callLater(0, self._flush)  # type: ignore[attr-defined]
+            the_reactor().callLater(0, self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -572,8 +578,11 @@ class Scheduler(BaseScheduler):
             logger.error(
                 "Writing %(n)d frontier changes failed: %(error)s; retrying in %(s).0f s "
                 "(nothing is dropped; requests stay unacknowledged until written)",
-                {"n": len(batch.inserts) + len(batch.transitions), "error": exc,
-                 "s": _WRITE_RETRY_SECONDS},
+                {
+                    "n": len(batch.inserts) + len(batch.transitions),
+                    "error": exc,
+                    "s": _WRITE_RETRY_SECONDS,
+                },
                 extra={"spider": self.spider},
             )
             self.stats.inc_value("reliability/write/errors")
@@ -582,7 +591,7 @@ class Scheduler(BaseScheduler):
             requests.update(self._batch_requests)
             self._batch_requests = requests
             if not self._closing:
-                reactor.callLater(_WRITE_RETRY_SECONDS, self._schedule_flush)  # type: ignore[attr-defined]
+                the_reactor().callLater(_WRITE_RETRY_SECONDS, self._schedule_flush)
             return
         result = future.result()
         self.stats.inc_value("reliability/write/batches")
@@ -603,8 +612,9 @@ class Scheduler(BaseScheduler):
             self.stats.inc_value("reliability/lease/lost", len(result.lost))
             for task_id in result.lost:
                 self._leases.pop(task_id, None)
-            logger.warning("%(error)s", {"error": LeaseLost(result.lost)},
-                           extra={"spider": self.spider})
+            logger.warning(
+                "%(error)s", {"error": LeaseLost(result.lost)}, extra={"spider": self.spider}
+            )
         if inserted or any(o is Outcome.RESCHEDULE for o in outcomes.values()):
             self._idle_until = 0.0
             self._maybe_pending = True
@@ -649,10 +659,10 @@ class Scheduler(BaseScheduler):
     def _wake_at(self, when: float) -> None:
         delay = max(0.0, when - time.time())
         if self._wake_call is not None and self._wake_call.active():
-            if self._wake_call.getTime() <= reactor.seconds() + delay:  # type: ignore[attr-defined]
+            if self._wake_call.getTime() <= the_reactor().seconds() + delay:
                 return
             self._wake_call.cancel()
-        self._wake_call = reactor.callLater(delay, self._wake_engine)  # type: ignore[attr-defined]
+        self._wake_call = the_reactor().callLater(delay, self._wake_engine)
 
     def _wake_engine(self) -> None:
         """Ask the engine to call next_request() now rather than at its next

@@ -89,11 +89,14 @@ def _method_name(spider: Spider, func: Any, role: str, request: Request) -> str 
     if func is None:
         return None
     if isinstance(func, str):
-        return func
-    name = getattr(func, "__name__", None)
+        return str(func)
+    name: str | None = getattr(func, "__name__", None)
     bound = getattr(func, "__self__", None)
-    if bound is spider and name and getattr(getattr(spider, name, None), "__func__", None) is (
-        getattr(func, "__func__", None)
+    if (
+        bound is spider
+        and name
+        and getattr(getattr(spider, name, None), "__func__", None)
+        is (getattr(func, "__func__", None))
     ):
         return name
     raise UnserializableRequest(
@@ -135,13 +138,14 @@ def request_to_payload(request: Request, spider: Spider) -> str:
     if type(request) is not Request:
         data["class"] = f"{type(request).__module__}.{type(request).__qualname__}"
     meta = {k: v for k, v in request.meta.items() if k not in TRANSIENT_META}
-    for field, value in (
+    extras: tuple[tuple[str, Any], ...] = (
         ("meta", meta),
         ("cookies", request.cookies),
         ("cb_kwargs", request.cb_kwargs),
-    ):
-        if value:
-            data[field] = value
+    )
+    for field, extra in extras:
+        if extra:
+            data[field] = extra
     try:
         return _dumps(data)
     except (TypeError, ValueError):

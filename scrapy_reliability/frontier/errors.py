@@ -7,7 +7,7 @@ class FrontierError(Exception):
     """Base class of every error raised by the frontier."""
 
 
-class LeaseLost(FrontierError):  # noqa: N818 - the name is part of the design vocabulary
+class LeaseLost(FrontierError):
     """A transition out of ``leased`` matched no row: the lease expired and the
     row was re-claimed (or recovered) under another claim token.
 
@@ -30,7 +30,7 @@ class SchemaError(FrontierError):
     """The database schema is not the one this version of scrapy-reliability uses."""
 
 
-class SchemaOutdated(SchemaError):  # noqa: N818
+class SchemaOutdated(SchemaError):
     def __init__(self, url: str, current: str | None, head: str):
         super().__init__(
             f"The frontier database {url} is at schema version {current!r}, but this "
@@ -40,7 +40,7 @@ class SchemaOutdated(SchemaError):  # noqa: N818
         )
 
 
-class SchemaTooNew(SchemaError):  # noqa: N818
+class SchemaTooNew(SchemaError):
     def __init__(self, url: str, current: str):
         super().__init__(
             f"The frontier database {url} is at schema version {current!r}, which this "

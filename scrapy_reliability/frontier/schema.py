@@ -100,9 +100,7 @@ requests = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     UniqueConstraint("job_id", "fingerprint"),
-    CheckConstraint(
-        "state IN ('pending', 'leased', 'done', 'ignored', 'dead')", name="state"
-    ),
+    CheckConstraint("state IN ('pending', 'leased', 'done', 'ignored', 'dead')", name="state"),
     CheckConstraint(
         "state <> 'leased' OR (lease_token IS NOT NULL AND worker_id IS NOT NULL"
         " AND lease_expires_at IS NOT NULL)",

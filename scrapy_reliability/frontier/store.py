@@ -324,9 +324,7 @@ class Frontier:
                 }
                 for row in chunk
             ]
-            result = conn.execute(
-                self._insert.values(values).returning(requests.c.fingerprint)
-            )
+            result = conn.execute(self._insert.values(values).returning(requests.c.fingerprint))
             inserted.update(result.scalars())
         return inserted
 
@@ -458,9 +456,7 @@ class Frontier:
 
     # -- leases -----------------------------------------------------------------------------
 
-    def renew(
-        self, worker_id: str, *, lease_seconds: float, now: float | None = None
-    ) -> int:
+    def renew(self, worker_id: str, *, lease_seconds: float, now: float | None = None) -> int:
         """Heartbeat: extend every lease this worker still holds."""
         now = time.time() if now is None else now
         with self.engine.begin() as conn:

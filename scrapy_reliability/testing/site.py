@@ -60,8 +60,11 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Final, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs, urlsplit
+
+if TYPE_CHECKING:  # typing.Self needs 3.11; annotations are never evaluated at runtime
+    from typing_extensions import Self
 
 __all__ = [
     "DEFAULT_HOSTS",
@@ -738,9 +741,6 @@ def free_port(hosts: Sequence[str] = FREE_PORT_HOSTS) -> int:
     raise RuntimeError(f"no port is free on all of {', '.join(hosts)}")
 
 
-_SiteProcessT = TypeVar("_SiteProcessT", bound="SiteProcess")
-
-
 class SiteProcess:
     """Context manager: runs the site as ``sys.executable -m scrapy_reliability.testing.site``.
 
@@ -769,7 +769,7 @@ class SiteProcess:
         self._env = dict(env or {})
         self._stderr: IO[bytes] | None = None
 
-    def __enter__(self: _SiteProcessT) -> _SiteProcessT:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

@@ -30,9 +30,7 @@ def upgrade() -> None:
         sa.Column("finished_at", sa.Float(), nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_reliability_jobs"),
         sa.UniqueConstraint("name", "generation", name="uq_reliability_jobs_name"),
-        sa.CheckConstraint(
-            "state IN ('running', 'finished')", name="ck_reliability_jobs_state"
-        ),
+        sa.CheckConstraint("state IN ('running', 'finished')", name="ck_reliability_jobs_state"),
     )
     op.create_table(
         "reliability_workers",

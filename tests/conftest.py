@@ -1,0 +1,160 @@
+"""Shared fixtures for the frontier tests.
+
+Database fixtures
+-----------------
+``sqlite_url``
+    A SQLAlchemy URL to a SQLite file in ``tmp_path`` (not created yet).
+``postgres_url``
+    A SQLAlchemy URL to a fresh, empty, uniquely named PostgreSQL database, dropped after
+    the test. The server is the one of ``RELIABILITY_TEST_POSTGRES_URL`` (default
+    ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``; the database named there is
+    only used to create and drop the test databases). When the server cannot be reached
+    the test is skipped, except in CI (``CI`` set to a true value) or with
+    ``RELIABILITY_REQUIRE_POSTGRES=1``, where it fails: Postgres tests never skip in CI.
+``frontier_url``
+    Parametrized over ``["sqlite", "postgres"]`` (those are the test ids): the URL of
+    ``sqlite_url`` or ``postgres_url``. A test that takes it runs once per backend; the
+    ``postgres`` run carries the ``postgres`` marker (``-m "not postgres"`` deselects it).
+``frontier``
+    A connected :class:`~scrapy_reliability.frontier.Frontier` on ``frontier_url``
+    (schema created), closed after the test.
+
+Every test that requests ``postgres_url`` (directly or through another fixture) is
+marked ``postgres`` as well.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy.engine import URL
+
+from scrapy_reliability.frontier import Frontier
+
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def postgres_required() -> bool:
+    """True when an unreachable Postgres must fail the tests instead of skipping them."""
+    ci = os.environ.get("CI", "").strip().lower() in _TRUE
+    required = os.environ.get("RELIABILITY_REQUIRE_POSTGRES", "").strip().lower() in _TRUE
+    return ci or required
+
+
+def _server_url() -> URL:
+    url = make_url(os.environ.get("RELIABILITY_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL))
+    if url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+class _PostgresServer:
+    """The admin connection to the test server, opened once per session."""
+
+    def __init__(self) -> None:
+        self.url = _server_url()
+        self.engine: Engine | None = None
+        self.error: str | None = None
+        try:
+            engine = create_engine(
+                self.url,
+                isolation_level="AUTOCOMMIT",
+                connect_args={"connect_timeout": 5},
+                pool_size=1,
+            )
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:
+            self.error = (
+                f"PostgreSQL server {self.url.render_as_string(hide_password=True)} "
+                f"(RELIABILITY_TEST_POSTGRES_URL) is not usable: "
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+            )
+        else:
+            self.engine = engine
+
+    def create_database(self) -> str:
+        assert self.engine is not None
+        name = f"reliability_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+        with self.engine.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        return name
+
+    def drop_database(self, name: str) -> None:
+        assert self.engine is not None
+        with self.engine.connect() as conn:
+            # Connections the test left open (a Frontier not closed, an engine not
+            # disposed) would block the drop: end them first.
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def _postgres_server() -> Iterator[_PostgresServer]:
+    server = _PostgresServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def postgres_url(_postgres_server: _PostgresServer) -> Iterator[str]:
+    """A fresh PostgreSQL database for this test (dropped afterwards), as a SQLAlchemy URL."""
+    if _postgres_server.error is not None:
+        if postgres_required():
+            pytest.fail(
+                f"{_postgres_server.error}; Postgres tests must not be skipped in CI "
+                "(CI or RELIABILITY_REQUIRE_POSTGRES is set).",
+                pytrace=False,
+            )
+        pytest.skip(_postgres_server.error)
+    name = _postgres_server.create_database()
+    try:
+        yield _postgres_server.url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        _postgres_server.drop_database(name)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    """A SQLite frontier file in ``tmp_path`` (not created yet), as a SQLAlchemy URL."""
+    return f"sqlite:///{tmp_path / 'frontier.sqlite'}"
+
+
+@pytest.fixture(
+    params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
+    ids=["sqlite", "postgres"],
+)
+def frontier_url(request: pytest.FixtureRequest) -> str:
+    """The URL of a fresh frontier database, once per backend."""
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
+@pytest.fixture
+def frontier(frontier_url: str) -> Iterator[Frontier]:
+    """A connected frontier (schema at head) on ``frontier_url``, closed afterwards."""
+    store = Frontier.connect(frontier_url)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "postgres_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)

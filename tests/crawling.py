@@ -1,0 +1,114 @@
+"""Run real ``scrapy crawl`` processes of the test project and hurt them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+PROJECT = Path(__file__).parent / "crawlproject"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_project(tmp_path: Path) -> Path:
+    """A fresh copy of the test project (its .scrapy/ data dir starts empty)."""
+    dest = tmp_path / "project"
+    shutil.copytree(PROJECT, dest, ignore=shutil.ignore_patterns("__pycache__", ".scrapy"))
+    return dest
+
+
+class Crawl:
+    """One crawl command, run as many times as a test needs."""
+
+    def __init__(self, project: Path, start_urls: list[str], *settings: str, **spider_args: str):
+        self.project = project
+        self.start_urls = start_urls
+        self.settings = list(settings)
+        self.spider_args = spider_args
+        self.runs = 0
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "scrapy.cmdline", "crawl", "pages"]
+        cmd += ["-a", "start=" + ",".join(self.start_urls)]
+        for key, value in self.spider_args.items():
+            cmd += ["-a", f"{key}={value}"]
+        for setting in self.settings:
+            cmd += ["-s", setting]
+        return cmd
+
+    def start(self) -> subprocess.Popen[bytes]:
+        self.runs += 1
+        log = (self.project / f"run{self.runs}.log").open("wb")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+        return subprocess.Popen(
+            self.command(), cwd=self.project, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+
+    def log(self, run: int | None = None) -> str:
+        return (self.project / f"run{run or self.runs}.log").read_text(errors="replace")
+
+    def run(self, timeout: float = 300) -> int:
+        proc = self.start()
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            tail = self.log()[-3000:]
+            raise AssertionError(f"crawl did not finish in {timeout} s:\n{tail}") from None
+
+
+def count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as fh:
+            return sum(1 for _ in fh)
+    except FileNotFoundError:
+        return 0
+
+
+def signal_when(
+    proc: subprocess.Popen[bytes],
+    site_log: Path,
+    requests: int,
+    sig: int = signal.SIGKILL,
+    timeout: float = 120,
+) -> int:
+    """Send ``sig`` once the site has logged ``requests`` page requests; wait for
+    the process to exit (reaped, so its pid is really gone). Returns its exit code."""
+    deadline = time.monotonic() + timeout
+    while count_lines(site_log) < requests:
+        if proc.poll() is not None:
+            raise AssertionError(f"crawl exited ({proc.returncode}) before the signal")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("the crawl made no progress")
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    return proc.wait(timeout=120)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def page_requests(site_log: Path) -> Counter[tuple[str, str]]:
+    """How many times each (host, path) was requested, from the site's own log."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for entry in read_jsonl(site_log):
+        counts[(entry["host"], entry["path"])] += 1
+    return counts
+
+
+def refetched(site_log: Path) -> int:
+    """Requests beyond the first for each URL."""
+    return sum(n - 1 for n in page_requests(site_log).values())

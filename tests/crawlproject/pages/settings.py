@@ -1,0 +1,9 @@
+"""A plain Scrapy project, with the frontier turned on by one line."""
+
+BOT_NAME = "pages"
+SPIDER_MODULES = ["pages.spiders"]
+ADDONS = {"scrapy_reliability.Addon": 0}
+ROBOTSTXT_OBEY = False
+TELNETCONSOLE_ENABLED = False
+LOG_LEVEL = "INFO"
+ITEM_PIPELINES = {"pages.pipelines.ItemsToFile": 300}

@@ -1,0 +1,29 @@
+"""Crawls the test site: one item per page, following every link."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import scrapy
+
+
+class PagesSpider(scrapy.Spider):
+    name = "pages"
+
+    def __init__(self, start: str = "", bad_meta_page: str = "", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.start_urls = [u for u in start.split(",") if u]
+        # A page whose links get a meta value that cannot be stored (a test of refusal).
+        self.bad_meta_page = int(bad_meta_page) if bad_meta_page else None
+
+    def parse(self, response: scrapy.http.Response) -> Iterator[Any]:
+        h1 = response.css("h1#page")
+        if h1:
+            page = int(h1.attrib["data-page"])
+            yield {"host": h1.attrib["data-host"], "page": page, "url": response.url}
+            if page == self.bad_meta_page:
+                yield response.follow(
+                    "/p/999999", callback=self.parse, meta={"unstorable": object()}
+                )
+        yield from response.follow_all(css="a", callback=self.parse)

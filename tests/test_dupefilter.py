@@ -1,0 +1,49 @@
+"""The DupeFilter's memory stays bounded while its answers stay exact."""
+
+from __future__ import annotations
+
+import scrapy
+from scrapy.utils.test import get_crawler
+
+from scrapy_reliability import DupeFilter
+from scrapy_reliability.dupefilter import RecentKeys
+
+
+class Spider(scrapy.Spider):
+    name = "df"
+
+
+def test_recent_keys_is_bounded_and_evicts_oldest():
+    keys = RecentKeys(3)
+    for key in "abcd":
+        keys.add(key)
+    assert len(keys) == 3
+    assert "a" not in keys
+    assert all(k in keys for k in "bcd")
+
+
+def test_standalone_memory_bounded_answers_exact(tmp_path):
+    url = f"sqlite:///{tmp_path / 'df.sqlite'}"
+    crawler = get_crawler(
+        Spider,
+        {"RELIABILITY_DATABASE_URL": url, "RELIABILITY_DEDUP_CACHE_SIZE": 1000},
+    )
+    crawler.spider = Spider()
+    df = DupeFilter.from_crawler(crawler)
+    df.open()
+    n = 20_000
+    requests = [scrapy.Request(f"http://127.0.0.2/p/{i}") for i in range(n)]
+    assert not any(df.request_seen(r) for r in requests)
+    assert len(df.recent) <= 1000
+    # Everything, including what the bounded cache evicted long ago, is still known.
+    assert all(df.request_seen(scrapy.Request(f"http://127.0.0.2/p/{i}")) for i in range(n))
+    df.close("shutdown")
+
+    # A new process (same job, interrupted): fingerprints persisted.
+    crawler2 = get_crawler(Spider, {"RELIABILITY_DATABASE_URL": url})
+    crawler2.spider = Spider()
+    df2 = DupeFilter.from_crawler(crawler2)
+    df2.open()
+    assert df2.request_seen(scrapy.Request("http://127.0.0.2/p/17"))
+    assert not df2.request_seen(scrapy.Request("http://127.0.0.2/p/new"))
+    df2.close("finished")

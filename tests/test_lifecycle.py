@@ -1,0 +1,139 @@
+"""Graceful stops, prompt recovery, refusals and the standalone DupeFilter, in real crawls."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, func, select
+
+from scrapy_reliability.frontier import schema
+from scrapy_reliability.testing.site import SiteConfig, SiteProcess
+from tests.crawling import Crawl, make_project, page_requests, read_jsonl, signal_when
+
+pytestmark = pytest.mark.slow
+
+PAGES = 300
+
+
+@pytest.fixture
+def site(tmp_path: Path):
+    with SiteProcess(SiteConfig(pages=PAGES), log_path=tmp_path / "site.jsonl") as running:
+        yield running
+
+
+def frontier_rows(db: Path) -> dict[str, int]:
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.connect() as conn:
+        rows = dict(
+            conn.execute(
+                select(schema.requests.c.state, func.count()).group_by(schema.requests.c.state)
+            ).all()
+        )
+        rows["_attempts"] = conn.execute(
+            select(func.coalesce(func.sum(schema.requests.c.attempts), 0))
+        ).scalar_one()
+    engine.dispose()
+    return rows
+
+
+def pages_of(items: list[dict[str, object]]) -> set[tuple[str, int]]:
+    return {(str(i["host"]), int(str(i["page"]))) for i in items}
+
+
+def every_page(site: SiteProcess) -> set[tuple[str, int]]:
+    return {(h, i) for h in site.hosts for i in range(PAGES)}
+
+
+def test_one_ctrl_c_stops_cleanly_spends_no_attempt_and_resumes(tmp_path, site):
+    project = make_project(tmp_path)
+    items = tmp_path / "items.jsonl"
+    jobdir = tmp_path / "job"
+    crawl = Crawl(project, site.start_urls(), f"JOBDIR={jobdir}", f"ITEMS_PATH={items}")
+    code = signal_when(crawl.start(), site.log_path, 200, sig=signal.SIGINT)
+    assert code == 0, crawl.log()[-2000:]
+    log = crawl.log()
+    assert "Closed (shutdown)" in log, log[-2000:]
+    rows = frontier_rows(jobdir / "reliability.sqlite")
+    assert rows.get("leased", 0) == 0, rows
+    assert rows.get("pending", 0) > 0, rows
+    assert rows["_attempts"] == 0, rows
+    assert crawl.run() == 0
+    assert "Resuming job" in crawl.log()
+    assert pages_of(read_jsonl(items)) == every_page(site)
+    rows = frontier_rows(jobdir / "reliability.sqlite")
+    assert rows.get("pending", 0) == rows.get("leased", 0) == 0
+
+
+def test_restart_takes_back_dead_leases_at_once(tmp_path, site):
+    """With a 10-minute lease, the restarted crawl still finishes in seconds."""
+    project = make_project(tmp_path)
+    items = tmp_path / "items.jsonl"
+    jobdir = tmp_path / "job"
+    crawl = Crawl(
+        project,
+        site.start_urls(),
+        f"JOBDIR={jobdir}",
+        f"ITEMS_PATH={items}",
+        "RELIABILITY_LEASE_SECONDS=600",
+    )
+    assert signal_when(crawl.start(), site.log_path, 250) == -signal.SIGKILL
+    leased = frontier_rows(jobdir / "reliability.sqlite").get("leased", 0)
+    assert leased > 0
+    started = time.monotonic()
+    assert crawl.run(timeout=120) == 0
+    elapsed = time.monotonic() - started
+    match = re.search(r"(\d+) leases of a dead worker taken back", crawl.log())
+    assert match is not None, crawl.log()[-2000:]
+    assert int(match.group(1)) == leased
+    print(f"restart took back {leased} leases and finished in {elapsed:.1f} s (lease 600 s)")
+    assert elapsed < 60
+    assert pages_of(read_jsonl(items)) == every_page(site)
+
+
+def test_unstorable_meta_is_refused_by_name_and_the_crawl_goes_on(tmp_path, site):
+    project = make_project(tmp_path)
+    items = tmp_path / "items.jsonl"
+    crawl = Crawl(
+        project,
+        site.start_urls(),
+        f"JOBDIR={tmp_path / 'job'}",
+        f"ITEMS_PATH={items}",
+        bad_meta_page="5",
+    )
+    assert crawl.run() == 0
+    log = crawl.log()
+    assert "Refused to schedule" in log
+    assert "meta['unstorable']" in log
+    assert "'reliability/refused/unserializable': 3" in log  # page 5 of each host
+    assert pages_of(read_jsonl(items)) == every_page(site)
+
+
+def test_dupefilter_alone_under_scrapy_scheduler(tmp_path):
+    """Persistent fingerprints with Scrapy's own scheduler: duplicates are filtered."""
+    config = SiteConfig(pages=PAGES, extra_links=3)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        project = make_project(tmp_path)
+        items = tmp_path / "items.jsonl"
+        crawl = Crawl(
+            project,
+            site.start_urls(),
+            "ADDONS={}",
+            "DUPEFILTER_CLASS=scrapy_reliability.DupeFilter",
+            f"JOBDIR={tmp_path / 'job'}",
+            f"ITEMS_PATH={items}",
+        )
+        assert crawl.run() == 0, crawl.log()[-2000:]
+        counts = page_requests(site.log_path)
+        assert max(counts.values()) == 1, counts.most_common(3)
+        assert pages_of(read_jsonl(items)) == every_page(site)
+        engine = create_engine(f"sqlite:///{tmp_path / 'job' / 'reliability.sqlite'}")
+        with engine.connect() as conn:
+            stored = conn.execute(select(func.count()).select_from(schema.fingerprints)).scalar()
+        engine.dispose()
+        # Start requests are dont_filter=True: Scrapy never asks the filter about them.
+        assert stored == len(counts) - len(site.hosts)
+        assert "dupefilter/filtered" in crawl.log()

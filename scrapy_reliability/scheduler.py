@@ -132,9 +132,7 @@ class Scheduler(BaseScheduler):
         self._wake_call: Any = None
         self._unhook: Callable[[], None] | None = None
         self._closing = False
-        self.max_in_flight = config.max_in_flight or crawler.settings.getint(
-            "CONCURRENT_REQUESTS"
-        )
+        self.max_in_flight = config.max_in_flight or crawler.settings.getint("CONCURRENT_REQUESTS")
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -605,13 +603,14 @@ class Scheduler(BaseScheduler):
         inserted = len(result.inserted)
         self.stats.inc_value("reliability/stored", inserted)
         outcomes = {tr.task_id: tr.outcome for tr in batch.transitions}
+        tokens = {tr.task_id: tr.token for tr in batch.transitions}
         for task_id in result.settled:
-            self._leases.pop(task_id, None)
+            self._forget(task_id, tokens[task_id])
             self.stats.inc_value(f"reliability/{_STAT_OF[outcomes[task_id]]}")
         if result.lost:
             self.stats.inc_value("reliability/lease/lost", len(result.lost))
             for task_id in result.lost:
-                self._leases.pop(task_id, None)
+                self._forget(task_id, tokens[task_id])
             logger.warning(
                 "%(error)s", {"error": LeaseLost(result.lost)}, extra={"spider": self.spider}
             )
@@ -621,6 +620,13 @@ class Scheduler(BaseScheduler):
         if self._batch:
             self._schedule_flush()
         self._wake_engine()
+
+    def _forget(self, task_id: int, token: str) -> None:
+        # The row may already be claimed again under a new lease (a claim result can
+        # be handled before the callback of the write that freed the row).
+        lease = self._leases.get(task_id)
+        if lease is not None and lease.token == token:
+            del self._leases[task_id]
 
     # -- heartbeat --------------------------------------------------------------------------
 

@@ -488,6 +488,9 @@ class _Site:
             )
         elif path == "/":
             plan = _Plan(200, self._indexes[host], _HTML)
+        elif path.startswith("/r/"):
+            # A permanent redirect to the path after /r, e.g. /r/p/5 -> /p/5.
+            plan = _Plan(301, b"moved\n", headers=(("Location", path[2:]),))
         elif page is None:
             plan = _Plan(404, b"not found\n")
         else:

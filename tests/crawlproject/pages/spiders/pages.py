@@ -11,8 +11,12 @@ import scrapy
 class PagesSpider(scrapy.Spider):
     name = "pages"
 
-    def __init__(self, start: str = "", bad_meta_page: str = "", **kwargs: Any):
+    def __init__(
+        self, start: str = "", bad_meta_page: str = "", via_redirect: str = "", **kwargs: Any
+    ):
         super().__init__(**kwargs)
+        # Follow same-host links through the site's /r/ redirector.
+        self.via_redirect = bool(via_redirect)
         self.start_urls = [u for u in start.split(",") if u]
         # A page whose links get a meta value that cannot be stored (a test of refusal).
         self.bad_meta_page = int(bad_meta_page) if bad_meta_page else None
@@ -26,4 +30,7 @@ class PagesSpider(scrapy.Spider):
                 yield response.follow(
                     "/p/999999", callback=self.parse, meta={"unstorable": object()}
                 )
-        yield from response.follow_all(css="a", callback=self.parse)
+        for href in response.css("a::attr(href)").getall():
+            if self.via_redirect and href.startswith("/p/"):
+                href = "/r" + href
+            yield response.follow(href, callback=self.parse)

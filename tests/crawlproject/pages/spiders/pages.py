@@ -31,6 +31,5 @@ class PagesSpider(scrapy.Spider):
                     "/p/999999", callback=self.parse, meta={"unstorable": object()}
                 )
         for href in response.css("a::attr(href)").getall():
-            if self.via_redirect and href.startswith("/p/"):
-                href = "/r" + href
-            yield response.follow(href, callback=self.parse)
+            via = "/r" if self.via_redirect and href.startswith("/p/") else ""
+            yield response.follow(via + href, callback=self.parse)

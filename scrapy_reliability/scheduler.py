@@ -49,6 +49,7 @@ from scrapy_reliability.frontier import (
     Claimed,
     ClaimResult,
     Frontier,
+    FrontierError,
     Job,
     LeaseLost,
     NewRequest,
@@ -126,7 +127,6 @@ class Scheduler(BaseScheduler):
         # Nothing is due before this time unless something changed (a write landed).
         self._idle_until = 0.0
         self._maybe_pending = True
-        self._start_key_counts: dict[str, int] = {}
         self._feed_exporters: list[Any] = []
         self._heartbeat: task.LoopingCall | None = None
         self._wake_call: Any = None
@@ -157,7 +157,19 @@ class Scheduler(BaseScheduler):
         name = _jobs.job_name(self.config, settings, spider.name)
         _feeds.repair_line_feeds(settings.getdict("FEEDS"))
         self._feed_exporters = _feeds.feed_exporters(self.crawler)
-        return self._db.deferred(self._open_frontier, url, name).addCallback(self._opened)
+        d = self._db.deferred(self._open_frontier, url, name)
+        return d.addCallbacks(self._opened, self._open_failed)
+
+    def _open_failed(self, failure: Failure) -> Failure:
+        if isinstance(failure.value, FrontierError):
+            # Say what to do first and plainly; Scrapy then logs the failed start.
+            logger.error(
+                "Cannot start the frontier: %(error)s",
+                {"error": failure.value},
+                extra={"spider": self.spider},
+            )
+        self._db.shutdown()
+        return failure
 
     def _open_frontier(self, url: str, name: str) -> tuple[Job, int, dict[str, int]]:
         """On the database thread: connect, open the job, register, recover."""
@@ -166,19 +178,24 @@ class Scheduler(BaseScheduler):
             auto_migrate=self.config.auto_migrate,
             busy_timeout=self.config.sqlite_busy_timeout,
         )
+        try:
+            job = frontier.open_job(name, self.dupefilter.scheme)
+            frontier.register_worker(job.id, self.worker_id, self.hostname, self.pid)
+            # One process per SQLite file (held by the lock), so any other registered
+            # worker of this job is a dead predecessor.
+            exclusive = frontier.engine.dialect.name == "sqlite"
+            recovered = frontier.recover_dead_workers(
+                job.id,
+                me=self.worker_id,
+                is_dead=(lambda _h, _p: True) if exclusive else _jobs.local_process_is_dead,
+            )
+            recovered += frontier.expire(job.id)
+            counts = frontier.counts(job.id) if job.resumed else {}
+        except BaseException:
+            frontier.close()
+            raise
         self.frontier = frontier
-        job = frontier.open_job(name, self.dupefilter.scheme)
-        frontier.register_worker(job.id, self.worker_id, self.hostname, self.pid)
-        # One process per SQLite file (held by the lock), so any other registered
-        # worker of this job is a dead predecessor.
-        exclusive = frontier.engine.dialect.name == "sqlite"
-        recovered = frontier.recover_dead_workers(
-            job.id,
-            me=self.worker_id,
-            is_dead=(lambda _h, _p: True) if exclusive else _jobs.local_process_is_dead,
-        )
-        recovered += frontier.expire(job.id)
-        return job, recovered, frontier.counts(job.id) if job.resumed else {}
+        return job, recovered, counts
 
     def _opened(self, opened: tuple[Job, int, dict[str, int]]) -> None:
         job, recovered, counts = opened
@@ -338,10 +355,13 @@ class Scheduler(BaseScheduler):
             return fingerprint
         if request.meta.get("is_start_request"):
             # Deterministic across runs, so a resumed job does not fetch its start
-            # requests again: the n-th start request with this fingerprint.
-            n = self._start_key_counts.get(fingerprint, 0)
-            self._start_key_counts[fingerprint] = n + 1
-            return f"s:{fingerprint}:{n}"
+            # requests again; the same start URL twice in one run is the n-th copy.
+            key = f"s:{fingerprint}"
+            n = 0
+            while key in self.dupefilter.recent or key in self._batch_requests:
+                n += 1
+                key = f"s:{fingerprint}:{n}"
+            return key
         # dont_filter=True still gets a row, under a key of its own.
         return f"u:{uuid.uuid4().hex}"
 

@@ -137,3 +137,38 @@ def test_dupefilter_alone_under_scrapy_scheduler(tmp_path):
         # Start requests are dont_filter=True: Scrapy never asks the filter about them.
         assert stored == len(counts) - len(site.hosts)
         assert "dupefilter/filtered" in crawl.log()
+
+
+def test_second_process_on_one_sqlite_frontier_is_refused(tmp_path):
+    config = SiteConfig(pages=PAGES, latency_ms=20)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        project = make_project(tmp_path)
+        crawl = Crawl(project, site.start_urls(), f"JOBDIR={tmp_path / 'job'}")
+        first = crawl.start()
+        try:
+            signal_when_started = time.monotonic() + 30
+            while not (tmp_path / "job" / "reliability.sqlite.lock").exists():
+                assert time.monotonic() < signal_when_started
+                time.sleep(0.05)
+            second = crawl.run(timeout=60)
+            assert second != 0
+            log = crawl.log()
+            assert "is in use by pid" in log
+            assert "PostgreSQL" in log
+        finally:
+            first.kill()
+            first.wait()
+
+
+def test_wrong_database_url_is_a_clear_error_without_the_password(tmp_path, site):
+    project = make_project(tmp_path)
+    crawl = Crawl(
+        project,
+        site.start_urls(),
+        "RELIABILITY_DATABASE_URL=postgresql+psycopg://crawler:s3cret@127.0.0.1:1/crawls",
+    )
+    assert crawl.run(timeout=60) != 0
+    log = crawl.log()
+    assert "Cannot start the frontier" in log
+    assert "RELIABILITY_DATABASE_URL" in log
+    assert "s3cret" not in log

@@ -23,6 +23,9 @@ except ImportError:  # pragma: no cover - Windows
 
 SUPPORTED = ("sqlite", "postgresql")
 
+#: Execution option marking a read-only transaction (SQLite: no write lock).
+READ_ONLY = "frontier_read_only"
+
 
 def parse_url(raw: str) -> URL:
     """Parse a SQLAlchemy URL; a bare ``postgresql://`` means psycopg 3."""
@@ -95,7 +98,9 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Writers take the write lock up front; readers (READ_ONLY) do not.
+        read_only = conn.get_execution_options().get(READ_ONLY, False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def is_sqlite(engine: Engine) -> bool:

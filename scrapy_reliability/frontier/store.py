@@ -7,14 +7,15 @@ change the row (:class:`LeaseLost`).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
@@ -138,6 +139,15 @@ class Frontier:
         self._lock = lock
         self._insert = dialect.insert_ignore(requests, engine)
         self._insert_fp = dialect.insert_ignore(fingerprints, engine)
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        """A read-only transaction (on SQLite it takes no write lock)."""
+        with self.engine.connect().execution_options(**{dialect.READ_ONLY: True}) as conn:
+            try:
+                yield conn
+            finally:
+                conn.rollback()
 
     # -- connection -------------------------------------------------------------------------
 
@@ -497,13 +507,8 @@ class Frontier:
     # -- standalone dupefilter --------------------------------------------------------------
 
     def seen(self, job_id: int, fingerprint: str) -> bool:
-        with self.engine.connect() as conn:
-            found = conn.execute(
-                select(fingerprints.c.fingerprint).where(
-                    fingerprints.c.job_id == job_id, fingerprints.c.fingerprint == fingerprint
-                )
-            ).first()
-            conn.rollback()
+        with self._reading() as conn:
+            found = conn.execute(_SEEN, {"job_id": job_id, "fingerprint": fingerprint}).first()
         return found is not None
 
     def add_fingerprints(self, job_id: int, fps: Iterable[str]) -> None:
@@ -515,7 +520,7 @@ class Frontier:
     # -- inspection -------------------------------------------------------------------------
 
     def counts(self, job_id: int) -> dict[str, int]:
-        with self.engine.begin() as conn:
+        with self._reading() as conn:
             rows = conn.execute(
                 select(requests.c.state, func.count())
                 .where(requests.c.job_id == job_id)
@@ -524,7 +529,7 @@ class Frontier:
         return {state: count for state, count in rows}
 
     def has_unfinished(self, job_id: int) -> bool:
-        with self.engine.begin() as conn:
+        with self._reading() as conn:
             return self._unfinished(conn, job_id)
 
     @staticmethod
@@ -540,7 +545,7 @@ class Frontier:
 
     def lease_of(self, task_id: int) -> tuple[str, str | None, str | None, float | None]:
         """(state, worker, token, expires_at) of one row: for tests and ``explain``."""
-        with self.engine.begin() as conn:
+        with self._reading() as conn:
             row = conn.execute(
                 select(
                     requests.c.state,
@@ -552,8 +557,15 @@ class Frontier:
         return row.state, row.worker_id, row.lease_token, row.lease_expires_at
 
     def job_state(self, job_id: int) -> str:
-        with self.engine.begin() as conn:
+        with self._reading() as conn:
             return str(conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one())
+
+
+# Built once: this lookup runs for every request under the standalone DupeFilter.
+_SEEN = select(fingerprints.c.fingerprint).where(
+    fingerprints.c.job_id == bindparam("job_id"),
+    fingerprints.c.fingerprint == bindparam("fingerprint"),
+)
 
 
 def _cleared_lease(state: str, now: float) -> dict[str, object]:

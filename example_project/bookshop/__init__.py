@@ -1,0 +1,1 @@
+"""An example Scrapy project that uses scrapy-reliability (see ../README.md)."""

@@ -65,7 +65,7 @@ def create(url: URL, *, busy_timeout: float) -> Engine:
         if url.get_backend_name() == "sqlite":
             database = url.database or ""
             if database and database != ":memory:" and not database.startswith("file:"):
-                Path(database).parent.mkdir(parents=True, exist_ok=True)
+                _make_parent(Path(database))
             engine = create_engine(
                 url,
                 connect_args={"timeout": busy_timeout, "check_same_thread": False},
@@ -82,6 +82,16 @@ def create(url: URL, *, busy_timeout: float) -> Engine:
         raise FrontierUnavailable(
             f"The database driver for {redact(url)} is not installed ({exc.name}): "
             "`pip install 'scrapy-reliability[postgres]'` installs psycopg 3."
+        ) from None
+
+
+def _make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FrontierUnavailable(
+            f"Cannot create the directory of the SQLite frontier {path}: {exc.strerror}. "
+            "Point JOBDIR or RELIABILITY_DATABASE_URL at a writable directory."
         ) from None
 
 
@@ -141,8 +151,14 @@ class SqliteProcessLock:
     def acquire(self) -> None:
         if self.path is None or fcntl is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = self.path.open("a+")
+        _make_parent(self.path)
+        try:
+            fh = self.path.open("a+")
+        except OSError as exc:
+            raise FrontierUnavailable(
+                f"Cannot create the SQLite frontier lock {self.path}: {exc.strerror}. Point "
+                "JOBDIR or RELIABILITY_DATABASE_URL at a writable directory."
+            ) from None
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -7,9 +7,17 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect
+from sqlalchemy.exc import OperationalError
 
 from scrapy_reliability.frontier.dialect import migration_lock, redact
-from scrapy_reliability.frontier.errors import SchemaError, SchemaOutdated, SchemaTooNew
+from scrapy_reliability.frontier.errors import (
+    FrontierError,
+    FrontierLocked,
+    FrontierUnavailable,
+    SchemaError,
+    SchemaOutdated,
+    SchemaTooNew,
+)
 from scrapy_reliability.frontier.schema import VERSION_TABLE, metadata
 
 
@@ -32,15 +40,44 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(engine: Engine) -> tuple[str | None, str]:
-    """Bring the schema to head; return (revision before, revision after)."""
-    with engine.begin() as conn, migration_lock(conn):
-        before = MigrationContext.configure(
-            conn, opts={"version_table": VERSION_TABLE}
-        ).get_current_revision()
-        cfg = _config()
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+    """Bring the schema to head; return (revision before, revision after).
+
+    A database at a revision this release does not know is refused
+    (:class:`SchemaTooNew`) and left untouched.
+    """
+    try:
+        with engine.begin() as conn, migration_lock(conn):
+            before = MigrationContext.configure(
+                conn, opts={"version_table": VERSION_TABLE}
+            ).get_current_revision()
+            if before is not None and before not in _known_revisions():
+                raise SchemaTooNew(redact(engine.url), before)
+            cfg = _config()
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+    except OperationalError as exc:
+        raise unavailable(engine.url, exc) from None
     return before, head_revision()
+
+
+def _known_revisions() -> set[str]:
+    return {rev.revision for rev in ScriptDirectory.from_config(_config()).walk_revisions()}
+
+
+def unavailable(url: object, exc: OperationalError) -> FrontierError:
+    """A clear error for a database that cannot be reached or is locked."""
+    message = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    if "database is locked" in message:
+        return FrontierLocked(
+            f"The SQLite frontier {redact(str(url))} stayed locked by another "
+            "process past RELIABILITY_SQLITE_BUSY_TIMEOUT; stop the other process, or use "
+            "PostgreSQL for several workers."
+        )
+    return FrontierUnavailable(
+        f"Cannot open the frontier database {redact(str(url))}: {message}. Check "
+        "RELIABILITY_DATABASE_URL (host, port, database name, credentials) and that the "
+        "server is running."
+    )
 
 
 def check(engine: Engine, *, auto_migrate: bool) -> None:
@@ -52,7 +89,10 @@ def check(engine: Engine, *, auto_migrate: bool) -> None:
     """
     url = redact(engine.url)
     head = head_revision()
-    current = current_revision(engine)
+    try:
+        current = current_revision(engine)
+    except OperationalError as exc:
+        raise unavailable(engine.url, exc) from None
     if current == head:
         return
     if current is None:
@@ -65,8 +105,7 @@ def check(engine: Engine, *, auto_migrate: bool) -> None:
             )
         upgrade(engine)
         return
-    known = {rev.revision for rev in ScriptDirectory.from_config(_config()).walk_revisions()}
-    if current not in known:
+    if current not in _known_revisions():
         raise SchemaTooNew(url, current)
     if not auto_migrate:
         raise SchemaOutdated(url, current, head)

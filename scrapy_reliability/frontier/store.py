@@ -20,12 +20,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
 from scrapy_reliability.frontier import dialect, migrate
-from scrapy_reliability.frontier.errors import (
-    FrontierLocked,
-    FrontierUnavailable,
-    JobMismatch,
-    LeaseLost,
-)
+from scrapy_reliability.frontier.errors import JobMismatch, LeaseLost
 from scrapy_reliability.frontier.schema import (
     DEAD,
     DONE,
@@ -175,7 +170,7 @@ class Frontier:
             try:
                 migrate.check(engine, auto_migrate=auto_migrate)
             except OperationalError as exc:
-                raise _unavailable(parsed, exc) from None
+                raise migrate.unavailable(parsed, exc) from None
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -576,21 +571,6 @@ def _cleared_lease(state: str, now: float) -> dict[str, object]:
         "lease_expires_at": None,
         "updated_at": now,
     }
-
-
-def _unavailable(url: object, exc: OperationalError) -> Exception:
-    message = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-    if "database is locked" in message:
-        return FrontierLocked(
-            f"The SQLite frontier {dialect.redact(str(url))} stayed locked by another "
-            "process past RELIABILITY_SQLITE_BUSY_TIMEOUT; stop the other process, or use "
-            "PostgreSQL for several workers."
-        )
-    return FrontierUnavailable(
-        f"Cannot open the frontier database {dialect.redact(str(url))}: {message}. Check "
-        "RELIABILITY_DATABASE_URL (host, port, database name, credentials) and that the "
-        "server is running."
-    )
 
 
 __all__ = [

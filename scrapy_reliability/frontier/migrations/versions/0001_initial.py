@@ -30,7 +30,9 @@ def upgrade() -> None:
         sa.Column("finished_at", sa.Float(), nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_reliability_jobs"),
         sa.UniqueConstraint("name", "generation", name="uq_reliability_jobs_name"),
-        sa.CheckConstraint("state IN ('running', 'finished')", name="ck_reliability_jobs_state"),
+        sa.CheckConstraint(
+            "state IN ('running', 'finished')", name=op.f("ck_reliability_jobs_state")
+        ),
     )
     op.create_table(
         "reliability_workers",
@@ -79,14 +81,14 @@ def upgrade() -> None:
         sa.UniqueConstraint("job_id", "fingerprint", name="uq_reliability_requests_job_id"),
         sa.CheckConstraint(
             "state IN ('pending', 'leased', 'done', 'ignored', 'dead')",
-            name="ck_reliability_requests_state",
+            name=op.f("ck_reliability_requests_state"),
         ),
         sa.CheckConstraint(
             "state <> 'leased' OR (lease_token IS NOT NULL AND worker_id IS NOT NULL"
             " AND lease_expires_at IS NOT NULL)",
-            name="ck_reliability_requests_lease_complete",
+            name=op.f("ck_reliability_requests_lease_complete"),
         ),
-        sa.CheckConstraint("attempts >= 0", name="ck_reliability_requests_attempts"),
+        sa.CheckConstraint("attempts >= 0", name=op.f("ck_reliability_requests_attempts")),
     )
     op.create_index(
         "ix_reliability_requests_claim",

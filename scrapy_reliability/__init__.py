@@ -14,16 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Addon", "DupeFilter", "Scheduler", "__version__"]
+__all__ = ["Addon", "DeadLetter", "DupeFilter", "RetryMiddleware", "Scheduler", "__version__"]
 
 if TYPE_CHECKING:
     from scrapy_reliability.addon import Addon
     from scrapy_reliability.dupefilter import DupeFilter
+    from scrapy_reliability.items import DeadLetter
+    from scrapy_reliability.middlewares import RetryMiddleware
     from scrapy_reliability.scheduler import Scheduler
 
 _LAZY = {
     "Addon": "scrapy_reliability.addon",
+    "DeadLetter": "scrapy_reliability.items",
     "DupeFilter": "scrapy_reliability.dupefilter",
+    "RetryMiddleware": "scrapy_reliability.middlewares",
     "Scheduler": "scrapy_reliability.scheduler",
 }
 

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from scrapy.settings import BaseSettings
 
 from scrapy_reliability.config import Config
+from scrapy_reliability.middlewares import RetryMiddleware
+from scrapy_reliability.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -19,9 +21,10 @@ class Addon:
     Settings are set at ``"addon"`` priority, so a value the user sets in the
     project or on the command line wins. It replaces Scrapy's scheduler and
     dupefilter with :class:`scrapy_reliability.Scheduler` and
-    :class:`scrapy_reliability.DupeFilter`. Scrapy's own retry and redirect
-    middlewares keep working on top of it: a retried or redirected request is
-    the same frontier row, sent back to pending.
+    :class:`scrapy_reliability.DupeFilter`, and Scrapy's RetryMiddleware with
+    :class:`scrapy_reliability.RetryMiddleware` (``RELIABILITY_RETRY_ENABLED =
+    False`` keeps Scrapy's). Scrapy's redirect middleware keeps working on top:
+    a redirected request is the same frontier row, sent back to pending.
     """
 
     def __init__(self, crawler: Crawler):
@@ -34,5 +37,28 @@ class Addon:
     def update_settings(self, settings: BaseSettings) -> None:
         settings.set("SCHEDULER", "scrapy_reliability.Scheduler", "addon")
         settings.set("DUPEFILTER_CLASS", "scrapy_reliability.DupeFilter", "addon")
+        if settings.getbool("RELIABILITY_RETRY_ENABLED", True):
+            self._replace_retry_middleware(settings)
         # Settings errors surface at startup with the setting's name, not mid-crawl.
         Config.from_settings(settings)
+        RetryPolicy.from_settings(settings)
+
+    @staticmethod
+    def _replace_retry_middleware(settings: BaseSettings) -> None:
+        """Scrapy's RetryMiddleware out, ours in at its place (550), unless the
+        project configured Scrapy's explicitly."""
+        from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetry
+        from scrapy.utils.misc import load_object
+
+        user = settings.getdict("DOWNLOADER_MIDDLEWARES")
+        if any(
+            value is not None and load_object(key) is ScrapyRetry for key, value in user.items()
+        ):
+            return
+        base = settings.getdict("DOWNLOADER_MIDDLEWARES_BASE")
+        priority = next(
+            (v for k, v in base.items() if load_object(k) is ScrapyRetry and v is not None),
+            550,
+        )
+        settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", ScrapyRetry, None)
+        settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", RetryMiddleware, priority)

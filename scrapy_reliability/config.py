@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,41 @@ ORDERS = ("bfs", "dfs")
 
 class SettingError(ValueError):
     """A setting has a value that cannot work; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class RetryPass:
+    """Which dead letters a retry pass re-crawls (empty filters: all)."""
+
+    error_classes: tuple[str, ...] = ()
+    domains: tuple[str, ...] = ()
+    #: Only dead letters whose last failure is at least this many seconds old.
+    min_age: float = 0.0
+
+    @classmethod
+    def from_setting(cls, raw: Any) -> RetryPass | None:
+        if raw in (None, False, "", "0", "false", "False"):
+            return None
+        if raw is True or raw in ("1", "true", "True"):
+            return cls()
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                raw = None
+        if not isinstance(raw, dict):
+            raise SettingError(
+                "RELIABILITY_RETRY_PASS must be True or a dict with error_classes, domains "
+                "and min_age (set by `scrapy retrypass`)."
+            )
+        try:
+            return cls(
+                error_classes=tuple(str(c) for c in raw.get("error_classes") or ()),
+                domains=tuple(str(d).lower() for d in raw.get("domains") or ()),
+                min_age=float(raw.get("min_age") or 0.0),
+            )
+        except (TypeError, ValueError):
+            raise SettingError(f"RELIABILITY_RETRY_PASS is malformed: {raw!r}.") from None
 
 
 @dataclass(frozen=True)
@@ -32,6 +68,10 @@ class Config:
     #: Requests handed to the engine and not yet acked, at most; None means
     #: CONCURRENT_REQUESTS. It bounds what a crash fetches again.
     max_in_flight: int | None = None
+    #: Send each dead letter through the item pipelines as a DeadLetter item.
+    dead_letter_items: bool = True
+    #: Set by ``scrapy retrypass``: which dead letters this run re-crawls.
+    retry_pass: RetryPass | None = None
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Config:
@@ -69,6 +109,10 @@ class Config:
             dedup_cache_size=_positive_int(
                 settings, "RELIABILITY_DEDUP_CACHE_SIZE", cls.dedup_cache_size
             ),
+            dead_letter_items=_bool(
+                settings, "RELIABILITY_DEAD_LETTER_ITEMS", cls.dead_letter_items
+            ),
+            retry_pass=RetryPass.from_setting(settings.get("RELIABILITY_RETRY_PASS")),
             max_in_flight=(
                 _positive_int(settings, "RELIABILITY_MAX_IN_FLIGHT", 1)
                 if settings.get("RELIABILITY_MAX_IN_FLIGHT") is not None

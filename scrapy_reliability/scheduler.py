@@ -22,6 +22,7 @@ Contract with the engine (see :class:`scrapy.core.scheduler.BaseScheduler`):
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import math
 import time
@@ -32,7 +33,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from scrapy import Request, Spider
+from itemadapter import ItemAdapter
+from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.httpobj import urlparse_cached
@@ -48,6 +50,7 @@ from scrapy_reliability.dupefilter import DupeFilter
 from scrapy_reliability.frontier import (
     Claimed,
     ClaimResult,
+    DeadItem,
     Frontier,
     FrontierError,
     Job,
@@ -58,6 +61,10 @@ from scrapy_reliability.frontier import (
     WriteBatch,
     WriteResult,
 )
+from scrapy_reliability.frontier.store import SQLAlchemyError
+from scrapy_reliability.items import DeadLetter
+from scrapy_reliability.middlewares import ATTEMPTS_META, RETRY_META, failure_of
+from scrapy_reliability.retry import ErrorClass, RetryPolicy
 from scrapy_reliability.serialization import (
     UnserializableRequest,
     payload_to_request,
@@ -96,6 +103,11 @@ class _Lease:
     #: Scrapy's retry count when claimed: a request sent back with a higher one is
     #: a retry (one more attempt); otherwise a redirect.
     retry_times: int = 0
+    #: Failed attempts of the row before this claim.
+    attempts: int = 0
+    first_failed_at: float | None = None
+    url: str = ""
+    method: str = "GET"
 
 
 class Scheduler(BaseScheduler):
@@ -124,6 +136,10 @@ class Scheduler(BaseScheduler):
         self._flush_future: Future[WriteResult] | None = None
         self._flush_scheduled = False
         self._claim_future: Future[ClaimResult] | None = None
+        # Burials (and item dead letters) whose write failed, retried one by one.
+        self._isolated: deque[WriteBatch] = deque()
+        self._isolated_future: Future[WriteResult] | None = None
+        self._isolated_delay = _WRITE_RETRY_SECONDS
         # Nothing is due before this time unless something changed (a write landed).
         self._idle_until = 0.0
         self._maybe_pending = True
@@ -133,6 +149,9 @@ class Scheduler(BaseScheduler):
         self._unhook: Callable[[], None] | None = None
         self._closing = False
         self.max_in_flight = config.max_in_flight or crawler.settings.getint("CONCURRENT_REQUESTS")
+        self.policy = RetryPolicy.from_settings(crawler.settings)
+        self.retry_pass = config.retry_pass
+        crawler.signals.connect(self._item_error, signal=signals.item_error)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -179,7 +198,10 @@ class Scheduler(BaseScheduler):
             busy_timeout=self.config.sqlite_busy_timeout,
         )
         try:
-            job = frontier.open_job(name, self.dupefilter.scheme)
+            reopened = self._reopen_dead_letters(frontier, name)
+            job = frontier.open_job(
+                name, self.dupefilter.scheme, reuse_finished=self.retry_pass is not None
+            )
             frontier.register_worker(job.id, self.worker_id, self.hostname, self.pid)
             # One process per SQLite file (held by the lock), so any other registered
             # worker of this job is a dead predecessor.
@@ -195,12 +217,42 @@ class Scheduler(BaseScheduler):
             frontier.close()
             raise
         self.frontier = frontier
+        if reopened is not None:
+            counts["reopened"] = reopened
         return job, recovered, counts
+
+    def _reopen_dead_letters(self, frontier: Frontier, name: str) -> int | None:
+        if self.retry_pass is None:
+            return None
+        rp = self.retry_pass
+        reopened = frontier.reopen_dead(
+            name,
+            error_classes=rp.error_classes,
+            domains=rp.domains,
+            failed_before=time.time() - rp.min_age if rp.min_age else None,
+        )
+        return 0 if reopened is None else reopened[1]
 
     def _opened(self, opened: tuple[Job, int, dict[str, int]]) -> None:
         job, recovered, counts = opened
         self.job = job
-        if job.resumed:
+        if self.retry_pass is not None:
+            logger.info(
+                "Retry pass of job %(job)s (run %(gen)d): %(n)d dead letters back to pending "
+                "with a fresh attempt budget (classes: %(classes)s; domains: %(domains)s; "
+                "failed at least %(age).0f s ago)",
+                {
+                    "job": job.name,
+                    "gen": job.generation,
+                    "n": counts.get("reopened", 0),
+                    "classes": ", ".join(self.retry_pass.error_classes) or "all",
+                    "domains": ", ".join(self.retry_pass.domains) or "all",
+                    "age": self.retry_pass.min_age,
+                },
+                extra={"spider": self.spider},
+            )
+            self.stats.set_value("reliability/retry_pass/reopened", counts.get("reopened", 0))
+        elif job.resumed:
             logger.info(
                 "Resuming job %(job)s (run %(gen)d): %(pending)d pending, %(done)d done, "
                 "%(recovered)d leases of a dead worker taken back",
@@ -262,19 +314,33 @@ class Scheduler(BaseScheduler):
                 self._settle(lease, Outcome.IGNORED, error="dropped without a response")
         _feeds.flush_feeds(self._feed_exporters)
         batch, self._batch = self._batch, WriteBatch()
+        batch.clear_dead_letters = self.retry_pass is not None
         self._batch_requests = {}
         released_ready = len(self._ready)
         self._ready.clear()
-        return self._db.deferred(self._close_frontier, batch, finished).addCallback(
+        batches = [batch, *self._isolated]
+        self._isolated.clear()
+        return self._db.deferred(self._close_frontier, batches, finished).addCallback(
             self._closed, reason, released_ready
         )
 
-    def _close_frontier(self, batch: WriteBatch, finished: bool) -> tuple[int, bool, int]:
+    def _close_frontier(self, batches: list[WriteBatch], finished: bool) -> tuple[int, bool, int]:
         assert self.frontier is not None and self.job is not None
         frontier = self.frontier
         lost: list[int] = []
-        if batch:
-            lost = frontier.write(self.job.id, batch).lost
+        for batch in batches:
+            if not batch:
+                continue
+            try:
+                lost += frontier.write(self.job.id, batch).lost
+            except SQLAlchemyError as exc:
+                # Its requests stay leased and are released below: unresolved, not lost.
+                logger.error(
+                    "Final write of %(n)d frontier changes failed: %(error)s; their requests "
+                    "go back to pending",
+                    {"n": len(batch.inserts) + len(batch.transitions), "error": exc},
+                    extra={"spider": self.spider},
+                )
         released = frontier.release_leases_of(self.worker_id)
         complete = frontier.finish_job_if_complete(self.job.id) if finished else False
         frontier.stop_worker(self.worker_id)
@@ -312,6 +378,9 @@ class Scheduler(BaseScheduler):
     # -- enqueue ----------------------------------------------------------------------------
 
     def enqueue_request(self, request: Request) -> bool:
+        if self.retry_pass is not None and request.meta.get("is_start_request"):
+            # A retry pass crawls the dead letters and what they lead to, not the start.
+            return False
         task_id = request.meta.get(TASK_META)
         if task_id is not None:
             lease = self._leases.get(task_id)
@@ -369,7 +438,10 @@ class Scheduler(BaseScheduler):
         """A downloader middleware sent our leased request back (a retry or a
         redirect): the same row goes back to pending with the new request."""
         assert self.spider is not None
-        retried = int(request.meta.get("retry_times", 0)) > lease.retry_times
+        decided = request.meta.get(RETRY_META)
+        retried = isinstance(decided, dict) or (
+            int(request.meta.get("retry_times", 0)) > lease.retry_times
+        )
         try:
             payload = request_to_payload(request, self.spider)
         except UnserializableRequest as exc:
@@ -382,6 +454,7 @@ class Scheduler(BaseScheduler):
             self.stats.inc_value("reliability/refused/unserializable")
             return False
         lease.stage = _Stage.SETTLING
+        failure = decided if isinstance(decided, dict) else {}
         self._batch.transitions.append(
             Transition(
                 lease.task_id,
@@ -389,8 +462,11 @@ class Scheduler(BaseScheduler):
                 Outcome.RESCHEDULE,
                 payload=payload,
                 url=request.url,
-                not_before=0.0,
+                not_before=float(failure.get("not_before") or 0.0),
                 attempts_inc=1 if retried else 0,
+                status=failure.get("status"),
+                error=failure.get("error"),
+                error_class=failure.get("error_class"),
             )
         )
         self.stats.inc_value(f"reliability/rescheduled/{'retry' if retried else 'redirect'}")
@@ -403,6 +479,7 @@ class Scheduler(BaseScheduler):
         return bool(
             self._ready
             or self._batch
+            or self._isolated
             or self._flush_future is not None
             or self._claim_future is not None
             or self._maybe_pending
@@ -412,7 +489,12 @@ class Scheduler(BaseScheduler):
         # Leases handed to the engine and not yet settled in the database: the
         # requests a kill -9 now would fetch again. Bounded, so a crash costs at
         # most this many refetches however far the scraper lags the downloader.
-        if len(self._leases) - len(self._ready) >= self.max_in_flight:
+        # Burials held back by a failing dead-letter write do not count: they must not
+        # stall the crawl (after a crash they are fetched again, as failed requests are).
+        held = sum(1 for batch in self._isolated if batch.transitions)
+        if self._isolated_future is not None:
+            held += 1
+        if len(self._leases) - len(self._ready) - held >= self.max_in_flight:
             return None
         if not self._ready and not self._closing:
             self._claim(block=True)
@@ -503,10 +585,20 @@ class Scheduler(BaseScheduler):
                 {"id": row.id, "error": exc},
                 extra={"spider": self.spider},
             )
-            self._settle(lease, Outcome.DEAD, error=f"cannot rebuild request: {exc}")
+            self._settle(
+                lease,
+                Outcome.DEAD,
+                error=f"cannot rebuild request: {exc}",
+                error_class=ErrorClass.PERMANENT.value,
+            )
             return
         request.meta[TASK_META] = row.id
+        request.meta[ATTEMPTS_META] = row.attempts
         lease.retry_times = int(request.meta.get("retry_times", 0))
+        lease.attempts = row.attempts
+        lease.first_failed_at = row.first_failed_at
+        lease.url = request.url
+        lease.method = request.method
         self._ready.append(request)
 
     # -- completion -------------------------------------------------------------------------
@@ -516,23 +608,102 @@ class Scheduler(BaseScheduler):
         if lease is not None and lease.stage is _Stage.FETCHING:
             lease.stage = _Stage.SCRAPING
 
-    def _scraped(self, result: Any, request: Request) -> None:
+    def _scraped(self, result: Any, request: Request) -> Deferred[Any] | None:
         """Scrapy is done with ``request``: output consumed, children scheduled,
-        items through the pipelines."""
+        items through the pipelines. A request that failed for good is buried;
+        its DeadLetter item goes through the pipelines first, so it too is
+        settled before the burial commits. Returns a Deferred while that runs."""
         lease = self._lease_of(request)
         if lease is None or lease.stage is not _Stage.SCRAPING:
-            return
-        if isinstance(result, Failure):
+            return None
+        failure = failure_of(request)
+        if failure is None and isinstance(result, Failure):
             if isinstance(result.value, IgnoreRequest):
                 self._settle(lease, Outcome.IGNORED)
-            else:
-                self._settle(
-                    lease,
-                    Outcome.DEAD,
-                    error=f"{type(result.value).__name__}: {result.value}",
-                )
-        else:
-            self._settle(lease, Outcome.DONE, status=getattr(result, "status", None))
+                return None
+            exc = result.value
+            assert exc is not None
+            error_class = self.policy.classify_exception(exc)
+            if error_class is ErrorClass.CANCELLED:
+                return None  # left leased: released when the crawl closes
+            failure = {
+                "error_class": error_class.value,
+                "status": None,
+                "error": f"{type(result.value).__name__}: {result.value}",
+            }
+        if failure is None:
+            self._settle(lease, Outcome.DONE)
+            return None
+        return self._bury(lease, failure)
+
+    def _bury(self, lease: _Lease, failure: dict[str, Any]) -> Deferred[Any] | None:
+        error_class = str(failure.get("error_class") or ErrorClass.PERMANENT.value)
+        status = failure.get("status")
+        error = str(failure.get("error") or "")
+        self.stats.inc_value(f"reliability/dead/{error_class}")
+
+        def settle(_: Any = None) -> None:
+            self._settle(
+                lease,
+                Outcome.DEAD,
+                status=status,
+                error=error,
+                error_class=error_class,
+                attempts_inc=1,
+            )
+
+        if not self.config.dead_letter_items:
+            settle()
+            return None
+        now = time.time()
+        item = DeadLetter(
+            url=lease.url,
+            error_class=error_class,
+            status=status,
+            attempts=lease.attempts + 1,
+            error=error,
+            domain=urlparse_cached(Request(lease.url)).hostname or "",
+            method=lease.method,
+            first_failed_at=lease.first_failed_at or now,
+            last_failed_at=now,
+            task_id=lease.task_id,
+            job=self.job.name if self.job else "",
+        )
+        d = _send_item(self.crawler, item)
+        d.addBoth(settle)
+        return d
+
+    def _item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
+        """An item raised in an item pipeline: keep it as a dead letter of kind
+        ``item``, written before (or with) its request's ack."""
+        if isinstance(item, DeadLetter):
+            logger.error(
+                "A pipeline raised on a DeadLetter item (%(url)s): %(error)s; the dead "
+                "letter stays in the frontier",
+                {"url": item.url, "error": failure.value},
+                extra={"spider": self.spider},
+            )
+            return
+        request = getattr(response, "request", None)
+        lease = self._lease_of(request) if isinstance(request, Request) else None
+        url = request.url if isinstance(request, Request) else ""
+        try:
+            stored = json.dumps(ItemAdapter(item).asdict(), default=repr)
+        except (TypeError, ValueError):
+            stored = json.dumps({"repr": repr(item)[:4000]})
+        self._batch.dead_items.append(
+            DeadItem(
+                request_id=lease.task_id if lease else None,
+                url=url,
+                domain=urlparse_cached(request).hostname or ""
+                if isinstance(request, Request)
+                else "",
+                error=f"{type(failure.value).__name__}: {failure.value}",
+                item=stored,
+            )
+        )
+        self.stats.inc_value("reliability/dead/item")
+        self._schedule_flush()
 
     def _lease_of(self, request: Request) -> _Lease | None:
         task_id = request.meta.get(TASK_META)
@@ -545,6 +716,8 @@ class Scheduler(BaseScheduler):
         *,
         status: int | None = None,
         error: str | None = None,
+        error_class: str | None = None,
+        attempts_inc: int = 0,
     ) -> None:
         lease.stage = _Stage.SETTLING
         self._batch.transitions.append(
@@ -552,8 +725,10 @@ class Scheduler(BaseScheduler):
                 lease.task_id,
                 lease.token,
                 outcome,
-                status=status if outcome is not Outcome.DONE else None,
+                status=status,
                 error=error,
+                error_class=error_class,
+                attempts_inc=attempts_inc,
             )
         )
         self._schedule_flush()
@@ -574,6 +749,7 @@ class Scheduler(BaseScheduler):
         # Items already written to feeds reach the file before their requests' acks.
         _feeds.flush_feeds(self._feed_exporters)
         batch, self._batch = self._batch, WriteBatch()
+        batch.clear_dead_letters = self.retry_pass is not None
         requests, self._batch_requests = self._batch_requests, {}
         self._flush_future = self._db.call_soon(
             self._write_on_thread,
@@ -592,26 +768,90 @@ class Scheduler(BaseScheduler):
         self._flush_future = None
         exc = future.exception()
         if exc is not None:
-            # Keep everything: put the batch back in front and try again.
+            self._write_failed(exc, batch, requests)
+            return
+        self._absorb(future.result(), batch, requests)
+        if self._batch:
+            self._schedule_flush()
+        self._wake_engine()
+
+    def _write_failed(
+        self, exc: BaseException, batch: WriteBatch, requests: dict[str, Request]
+    ) -> None:
+        """Keep everything. Burials and item dead letters are split off and retried
+        one per transaction, so one that cannot be written (fail closed: its
+        request stays unresolved) does not hold back the rest of the crawl."""
+        self.stats.inc_value("reliability/write/errors")
+        risky = [t for t in batch.transitions if t.outcome is Outcome.DEAD]
+        logger.error(
+            "Writing %(n)d frontier changes failed: %(error)s; retrying (nothing is "
+            "dropped; requests stay unacknowledged until written%(split)s)",
+            {
+                "n": len(batch.inserts) + len(batch.transitions) + len(batch.dead_items),
+                "error": exc,
+                "split": "; burials and dead letters are retried one by one"
+                if risky or batch.dead_items
+                else "",
+            },
+            extra={"spider": self.spider},
+        )
+        self._batch.inserts[:0] = batch.inserts
+        self._batch.transitions[:0] = [t for t in batch.transitions if t not in risky]
+        requests.update(self._batch_requests)
+        self._batch_requests = requests
+        for tr in risky:
+            self._isolated.append(
+                WriteBatch(transitions=[tr], clear_dead_letters=batch.clear_dead_letters)
+            )
+        for item in batch.dead_items:
+            self._isolated.append(WriteBatch(dead_items=[item]))
+        if not self._closing:
+            delay = 0.0 if (risky or batch.dead_items) else _WRITE_RETRY_SECONDS
+            the_reactor().callLater(delay, self._schedule_flush)
+            if self._isolated:
+                the_reactor().callLater(_WRITE_RETRY_SECONDS, self._write_isolated)
+
+    def _write_isolated(self) -> None:
+        if self._closing or self._isolated_future is not None or not self._isolated:
+            return
+        assert self.job is not None
+        batch = self._isolated.popleft()
+        self._isolated_future = self._db.call_soon(
+            self._write_on_thread,
+            lambda future: self._isolated_written(future, batch),
+            self.job.id,
+            batch,
+        )
+
+    def _isolated_written(self, future: Future[WriteResult], batch: WriteBatch) -> None:
+        self._isolated_future = None
+        exc = future.exception()
+        if exc is not None:
+            self.stats.inc_value("reliability/write/errors")
+            self._isolated.append(batch)
+            self._isolated_delay = min(self._isolated_delay * 2, 60.0)
+            what = (
+                f"the burial of frontier task {batch.transitions[0].task_id}"
+                if batch.transitions
+                else f"an item dead letter of {batch.dead_items[0].url}"
+            )
             logger.error(
-                "Writing %(n)d frontier changes failed: %(error)s; retrying in %(s).0f s "
-                "(nothing is dropped; requests stay unacknowledged until written)",
-                {
-                    "n": len(batch.inserts) + len(batch.transitions),
-                    "error": exc,
-                    "s": _WRITE_RETRY_SECONDS,
-                },
+                "Writing %(what)s failed again: %(error)s; it stays unresolved (not lost) "
+                "and is retried in %(s).0f s",
+                {"what": what, "error": exc, "s": self._isolated_delay},
                 extra={"spider": self.spider},
             )
-            self.stats.inc_value("reliability/write/errors")
-            self._batch.inserts[:0] = batch.inserts
-            self._batch.transitions[:0] = batch.transitions
-            requests.update(self._batch_requests)
-            self._batch_requests = requests
             if not self._closing:
-                the_reactor().callLater(_WRITE_RETRY_SECONDS, self._schedule_flush)
+                the_reactor().callLater(self._isolated_delay, self._write_isolated)
             return
-        result = future.result()
+        self._isolated_delay = _WRITE_RETRY_SECONDS
+        self._absorb(future.result(), batch, {})
+        if self._isolated and not self._closing:
+            the_reactor().callLater(0, self._write_isolated)
+        self._wake_engine()
+
+    def _absorb(self, result: WriteResult, batch: WriteBatch, requests: dict[str, Request]) -> None:
+        """Account for a written batch: duplicates, settled and lost leases."""
         self.stats.inc_value("reliability/write/batches")
         assert self.spider is not None
         for row in batch.inserts:
@@ -637,9 +877,6 @@ class Scheduler(BaseScheduler):
         if inserted or any(o is Outcome.RESCHEDULE for o in outcomes.values()):
             self._idle_until = 0.0
             self._maybe_pending = True
-        if self._batch:
-            self._schedule_flush()
-        self._wake_engine()
 
     def _forget(self, task_id: int, token: str) -> None:
         # The row may already be claimed again under a new lease (a claim result can
@@ -713,7 +950,7 @@ _STAT_OF = {
 def _hook_scrape_completion(
     crawler: Crawler,
     on_start: Callable[[Request], None],
-    on_done: Callable[[Any, Request], None],
+    on_done: Callable[[Any, Request], Deferred[Any] | None],
 ) -> Callable[[], None]:
     """Call ``on_done(result, request)`` when Scrapy has fully processed a
     downloaded response or failure.
@@ -738,8 +975,10 @@ def _hook_scrape_completion(
         d: Deferred[Any] = original(result, request)
 
         def done(value: Any) -> Any:
-            on_done(result, request)
-            return value
+            pending = on_done(result, request)
+            if pending is None:
+                return value
+            return pending.addBoth(lambda _: value)
 
         d.addBoth(done)
         return d
@@ -751,3 +990,15 @@ def _hook_scrape_completion(
             scraper.enqueue_scrape = original
 
     return unhook
+
+
+def _send_item(crawler: Crawler, item: Any) -> Deferred[Any]:
+    """Run ``item`` through the item pipelines (as if a callback yielded it)."""
+    from scrapy.utils.defer import deferred_from_coro
+
+    scraper = crawler.engine.scraper
+    start = getattr(scraper, "start_itemproc_async", None)
+    if start is not None:
+        return deferred_from_coro(start(item, response=None))
+    d: Deferred[Any] = scraper.start_itemproc(item, response=None)
+    return d

@@ -21,6 +21,9 @@ PAYLOAD_VERSION = 1
 TRANSIENT_META = frozenset(
     {
         "reliability_task_id",
+        "reliability_attempts",
+        "reliability_retry",
+        "reliability_failure",
         "download_latency",
         "_slot_proxy",
     }

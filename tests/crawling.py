@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -33,9 +34,11 @@ class Crawl:
         self.settings = list(settings)
         self.spider_args = spider_args
         self.runs = 0
+        #: The scrapy command and its options, e.g. ["retrypass", "--error-class", "transient"].
+        self.verb: list[str] = ["crawl"]
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "scrapy.cmdline", "crawl", "pages"]
+        cmd = [sys.executable, "-m", "scrapy.cmdline", *self.verb, "pages"]
         cmd += ["-a", "start=" + ",".join(self.start_urls)]
         for key, value in self.spider_args.items():
             cmd += ["-a", f"{key}={value}"]
@@ -112,3 +115,53 @@ def page_requests(site_log: Path) -> Counter[tuple[str, str]]:
 def refetched(site_log: Path) -> int:
     """Requests beyond the first for each URL."""
     return sum(n - 1 for n in page_requests(site_log).values())
+
+
+def crawl_with_kills(crawl: Crawl, site_log: Path, kills: int, seed: int) -> None:
+    """Run ``crawl``, SIGKILL it ``kills`` times at random points (each after 150 to
+    550 more page requests), then run it to the end; it must exit 0."""
+    rng = random.Random(seed)
+    fetched = count_lines(site_log)
+    for _ in range(kills):
+        fetched += rng.randint(150, 550)
+        proc = crawl.start()
+        code = signal_when(proc, site_log, fetched)
+        assert code == -signal.SIGKILL
+        fetched = max(fetched, count_lines(site_log))
+    assert crawl.run() == 0, crawl.log()[-3000:]
+
+
+def reachable_pages(config: Any, skip: set[tuple[str, int]]) -> set[tuple[str, int]]:
+    """Pages reachable from the index pages without passing through ``skip``."""
+    from scrapy_reliability.testing.site import page_links
+
+    seen: set[tuple[str, int]] = set()
+    todo = [(host, 0) for host in config.hosts]
+    while todo:
+        host, i = todo.pop()
+        if (host, i) in seen or (host, i) in skip:
+            continue
+        seen.add((host, i))
+        for href in page_links(config, host, i):
+            if href.startswith("/p/"):
+                todo.append((host, int(href[3:])))
+            else:
+                target = href.split("//", 1)[1]
+                todo.append((target.split(":", 1)[0], int(target.rsplit("/", 1)[1])))
+    return seen
+
+
+def wait_until_quiet(
+    proc: subprocess.Popen[bytes], site_log: Path, quiet: float = 2.0, timeout: float = 120
+) -> None:
+    """Wait until the crawl made requests and then the site logged none for
+    ``quiet`` seconds (the crawl did all it can for now) while ``proc`` still runs."""
+    deadline = time.monotonic() + timeout
+    last, since = -1, time.monotonic()
+    while last < 1 or time.monotonic() - since < quiet:
+        assert proc.poll() is None, "the crawl exited while it was expected to wait"
+        assert time.monotonic() < deadline, "the crawl never went quiet"
+        n = count_lines(site_log)
+        if n != last:
+            last, since = n, time.monotonic()
+        time.sleep(0.1)

@@ -9,8 +9,6 @@ fetched twice stay <= 16 per kill; the same on Postgres and with nothing but
 from __future__ import annotations
 
 import json
-import random
-import signal
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from sqlalchemy import create_engine, func, select
 
 from scrapy_reliability.frontier import schema
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
-from tests.crawling import Crawl, make_project, read_jsonl, refetched, signal_when
+from tests.crawling import Crawl, crawl_with_kills, make_project, read_jsonl, refetched
 
 pytestmark = pytest.mark.slow
 
@@ -35,18 +33,6 @@ def site(tmp_path: Path):
 
 def all_pages(site: SiteProcess) -> set[tuple[str, int]]:
     return {(host, i) for host in site.hosts for i in range(PAGES)}
-
-
-def crawl_with_kills(crawl: Crawl, site_log: Path, kills: int, seed: int) -> None:
-    rng = random.Random(seed)
-    fetched = 0
-    for _ in range(kills):
-        fetched += rng.randint(150, 550)
-        proc = crawl.start()
-        code = signal_when(proc, site_log, fetched)
-        assert code == -signal.SIGKILL
-        fetched = max(fetched, sum(1 for _ in site_log.open()))
-    assert crawl.run() == 0, crawl.log()[-3000:]
 
 
 def assert_frontier_settled(url: str) -> None:

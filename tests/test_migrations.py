@@ -77,7 +77,7 @@ def _version(url: str) -> str | None:
 
 
 def test_fresh_database_is_created_at_head(frontier_url: str) -> None:
-    assert HEAD == "0001"
+    assert HEAD == "0002"
     store = Frontier.connect(frontier_url)
     try:
         assert migrate.current_revision(store.engine) == HEAD
@@ -199,21 +199,54 @@ def test_tables_without_a_version_are_refused(frontier_url: str, tamper: str) ->
         engine.dispose()
 
 
-def test_outdated_schema_names_the_migrate_command(
-    frontier_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Only revision 0001 exists: make this code believe its head is a newer 0002, so
-    # that the database at 0001 is an older, known schema.
-    _populate(frontier_url)
-    monkeypatch.setattr(migrate, "head_revision", lambda: "0002")
+def _create_at(url: str, revision: str) -> None:
+    """A database built by the real migration chain up to ``revision`` only."""
+    from alembic import command
+
+    engine = _engine(url)
+    with engine.begin() as conn:
+        cfg = migrate._config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+    engine.dispose()
+
+
+def test_outdated_schema_names_the_migrate_command_then_upgrades(frontier_url: str) -> None:
+    _create_at(frontier_url, "0001")
+    engine = _engine(frontier_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO reliability_jobs (name, generation, state, dedup_scheme, created_at)"
+                " VALUES ('old', 1, 'running', 's', 0)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO reliability_requests (job_id, fingerprint, state, priority, domain,"
+                " url, payload, not_before, attempts, created_at, updated_at)"
+                " SELECT id, 'fp', 'pending', 0, 'd', 'http://127.0.0.2/', '{}', 0, 0, 0, 0"
+                " FROM reliability_jobs"
+            )
+        )
+    engine.dispose()
     with pytest.raises(SchemaOutdated) as info:
         Frontier.connect(frontier_url)
     message = str(info.value)
     assert "scrapy frontier migrate" in message
     assert "'0001'" in message
-    assert "'0002'" in message
+    assert f"'{HEAD}'" in message
     assert "RELIABILITY_AUTO_MIGRATE" in message
     assert _version(frontier_url) == "0001"
+    # Upgrading keeps the data: the old job resumes with its pending request.
+    store = Frontier.connect(frontier_url, auto_migrate=True)
+    try:
+        assert _version(frontier_url) == HEAD
+        job = store.open_job("old", "s")
+        assert job.resumed
+        assert store.counts(job.id) == {"pending": 1}
+    finally:
+        store.close()
 
 
 def test_newer_schema_is_never_touched(frontier_url: str) -> None:

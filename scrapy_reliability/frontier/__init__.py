@@ -17,6 +17,7 @@ from scrapy_reliability.frontier.errors import (
 from scrapy_reliability.frontier.store import (
     Claimed,
     ClaimResult,
+    DeadItem,
     Frontier,
     Job,
     NewRequest,
@@ -29,6 +30,7 @@ from scrapy_reliability.frontier.store import (
 __all__ = [
     "ClaimResult",
     "Claimed",
+    "DeadItem",
     "Frontier",
     "FrontierError",
     "FrontierLocked",

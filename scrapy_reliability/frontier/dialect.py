@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from sqlalchemy import Connection, Engine, Table, create_engine, event, make_url, text
+from sqlalchemy import Connection, Engine, Select, Table, create_engine, event, make_url, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
@@ -122,6 +122,28 @@ def insert_ignore(table: Table, engine: Engine) -> Insert:
     if is_sqlite(engine):
         return sqlite.insert(table).on_conflict_do_nothing()
     return postgresql.insert(table).on_conflict_do_nothing()
+
+
+def upsert_dead_letter(
+    table: Table, engine: Engine, columns: list[str], source: Select[Any]
+) -> Insert:
+    """Insert a request's dead letter from ``source``, or refresh the one it has
+    (a request buried again by a retry pass keeps its first failure and passes)."""
+    module: Any = sqlite if is_sqlite(engine) else postgresql
+    stmt = module.insert(table).from_select(columns, source)
+    refreshed = (
+        "error_class",
+        "last_status",
+        "last_error",
+        "attempts",
+        "payload",
+        "last_failed_at",
+    )
+    return stmt.on_conflict_do_update(  # type: ignore[no-any-return]
+        index_elements=[table.c.request_id],
+        index_where=table.c.kind == "request",
+        set_={name: stmt.excluded[name] for name in refreshed},
+    )
 
 
 @contextlib.contextmanager

@@ -99,6 +99,9 @@ requests = Table(
     Column("last_error", Text, nullable=True),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    # The class of the last failure (transient, throttled, permanent, cancelled).
+    Column("error_class", String(16), nullable=True),
+    Column("first_failed_at", Float, nullable=True),
     UniqueConstraint("job_id", "fingerprint"),
     CheckConstraint("state IN ('pending', 'leased', 'done', 'ignored', 'dead')", name="state"),
     CheckConstraint(
@@ -140,3 +143,40 @@ fingerprints = Table(
     Column("job_id", Integer, ForeignKey("reliability_jobs.id"), primary_key=True),
     Column("fingerprint", String(96), primary_key=True),
 )
+
+#: Dead letters: requests that failed for good (kind ``request``, one per frontier
+#: row) and items that raised in an item pipeline (kind ``item``).
+dead_letters = Table(
+    "reliability_dead_letters",
+    metadata,
+    Column("id", _BigId, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, ForeignKey("reliability_jobs.id"), nullable=False),
+    Column("request_id", BigInteger, nullable=True),
+    Column("kind", String(8), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("domain", String(255), nullable=False),
+    Column("error_class", String(16), nullable=False),
+    Column("last_status", Integer, nullable=True),
+    Column("last_error", Text, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    # The request as stored in the frontier (JSON), so it can be replayed.
+    Column("payload", Text, nullable=True),
+    # The item (JSON) for kind ``item``.
+    Column("item", Text, nullable=True),
+    Column("first_failed_at", Float, nullable=False),
+    Column("last_failed_at", Float, nullable=False),
+    # Retry passes this dead letter went through.
+    Column("passes", Integer, nullable=False),
+    CheckConstraint("kind IN ('request', 'item')", name="kind"),
+    Index(
+        "ix_reliability_dead_letters_request",
+        "request_id",
+        unique=True,
+        postgresql_where=text("kind = 'request'"),
+        sqlite_where=text("kind = 'request'"),
+    ),
+    Index("ix_reliability_dead_letters_job", "job_id", "kind", "error_class"),
+)
+
+#: Error classes (see scrapy_reliability.retry).
+ERROR_CLASSES = ("transient", "throttled", "permanent", "cancelled")

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, Engine, bindparam, func, select, update
+from sqlalchemy import Connection, Engine, bindparam, delete, func, literal, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
@@ -29,6 +29,7 @@ from scrapy_reliability.frontier.schema import (
     JOB_RUNNING,
     LEASED,
     PENDING,
+    dead_letters,
     fingerprints,
     jobs,
     requests,
@@ -79,6 +80,7 @@ class Claimed:
     payload: str
     attempts: int
     priority: int
+    first_failed_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,15 +104,31 @@ class Transition:
     attempts_inc: int = 0
     status: int | None = None
     error: str | None = None
+    #: The failure's class, for a retry (RESCHEDULE) or a burial (DEAD).
+    error_class: str | None = None
+
+
+@dataclass(frozen=True)
+class DeadItem:
+    """An item an item pipeline raised on, kept as a dead letter of kind ``item``."""
+
+    request_id: int | None
+    url: str
+    domain: str
+    error: str
+    item: str
 
 
 @dataclass
 class WriteBatch:
     inserts: list[NewRequest] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
+    dead_items: list[DeadItem] = field(default_factory=list)
+    #: A retry pass: an acked row's dead letter is resolved (deleted).
+    clear_dead_letters: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.inserts or self.transitions)
+        return bool(self.inserts or self.transitions or self.dead_items)
 
 
 @dataclass(frozen=True)
@@ -185,9 +203,17 @@ class Frontier:
 
     # -- jobs and workers -------------------------------------------------------------------
 
-    def open_job(self, name: str, dedup_scheme: str, *, now: float | None = None) -> Job:
+    def open_job(
+        self,
+        name: str,
+        dedup_scheme: str,
+        *,
+        reuse_finished: bool = False,
+        now: float | None = None,
+    ) -> Job:
         """The running job of that name, or a new generation when the last one
-        finished (or none exists)."""
+        finished (or none exists). With ``reuse_finished`` (a retry pass) the
+        last generation is returned even when finished."""
         now = time.time() if now is None else now
         with self.engine.begin() as conn:
             row = conn.execute(
@@ -196,7 +222,7 @@ class Frontier:
                 .order_by(jobs.c.generation.desc())
                 .limit(1)
             ).first()
-            if row is not None and row.state == JOB_RUNNING:
+            if row is not None and (row.state == JOB_RUNNING or reuse_finished):
                 if row.dedup_scheme != dedup_scheme:
                     raise JobMismatch(
                         f"Job {name!r} was started with request fingerprints "
@@ -293,8 +319,48 @@ class Frontier:
         now = time.time() if now is None else now
         with self.engine.begin() as conn:
             inserted = self._insert_requests(conn, job_id, batch.inserts, now)
+            if batch.dead_items:
+                self._insert_dead_items(conn, job_id, batch.dead_items, now)
             settled, lost = self._apply_transitions(conn, batch.transitions, now)
+            if batch.clear_dead_letters:
+                done = [
+                    tr.task_id
+                    for tr in batch.transitions
+                    if tr.outcome is Outcome.DONE and tr.task_id not in set(lost)
+                ]
+                if done:
+                    conn.execute(
+                        delete(dead_letters).where(
+                            dead_letters.c.request_id.in_(done), dead_letters.c.kind == "request"
+                        )
+                    )
         return WriteResult(frozenset(inserted), settled, lost)
+
+    def _insert_dead_items(
+        self, conn: Connection, job_id: int, items: Sequence[DeadItem], now: float
+    ) -> None:
+        conn.execute(
+            dead_letters.insert(),
+            [
+                {
+                    "job_id": job_id,
+                    "request_id": it.request_id,
+                    "kind": "item",
+                    "url": it.url,
+                    "domain": it.domain,
+                    "error_class": "permanent",
+                    "last_status": None,
+                    "last_error": it.error[:4000],
+                    "attempts": 1,
+                    "payload": None,
+                    "item": it.item,
+                    "first_failed_at": now,
+                    "last_failed_at": now,
+                    "passes": 0,
+                }
+                for it in items
+            ],
+        )
 
     def add(self, job_id: int, rows: Sequence[NewRequest]) -> frozenset[str]:
         return self.write(job_id, WriteBatch(inserts=list(rows))).inserted
@@ -365,18 +431,17 @@ class Frontier:
             values = _cleared_lease(
                 PENDING if tr.outcome is Outcome.RESCHEDULE else tr.outcome.value, now
             )
+            values["attempts"] = requests.c.attempts + tr.attempts_inc
             if tr.outcome is Outcome.RESCHEDULE:
                 assert tr.payload is not None and tr.url is not None
-                values.update(
-                    payload=tr.payload,
-                    url=tr.url,
-                    not_before=tr.not_before,
-                    attempts=requests.c.attempts + tr.attempts_inc,
-                )
+                values.update(payload=tr.payload, url=tr.url, not_before=tr.not_before)
             if tr.status is not None:
                 values["last_status"] = tr.status
             if tr.error is not None:
                 values["last_error"] = tr.error[:4000]
+            if tr.error_class is not None:
+                values["error_class"] = tr.error_class
+                values["first_failed_at"] = func.coalesce(requests.c.first_failed_at, now)
             row = conn.execute(
                 update(requests)
                 .where(
@@ -387,8 +452,47 @@ class Frontier:
                 .values(values)
                 .returning(requests.c.id)
             ).first()
-            (settled if row is not None else lost).append(tr.task_id)
+            if row is None:
+                lost.append(tr.task_id)
+                continue
+            if tr.outcome is Outcome.DEAD:
+                # Fail closed: the dead letter commits with the burial or neither does.
+                self._write_dead_letter(conn, tr, now)
+            settled.append(tr.task_id)
         return settled, lost
+
+    def _write_dead_letter(self, conn: Connection, tr: Transition, now: float) -> None:
+        source = select(
+            requests.c.job_id,
+            requests.c.id,
+            literal("request"),
+            requests.c.url,
+            requests.c.domain,
+            literal(tr.error_class or "permanent"),
+            requests.c.last_status,
+            func.coalesce(requests.c.last_error, ""),
+            requests.c.attempts,
+            requests.c.payload,
+            func.coalesce(requests.c.first_failed_at, now),
+            literal(now),
+            literal(0),
+        ).where(requests.c.id == tr.task_id)
+        columns = [
+            "job_id",
+            "request_id",
+            "kind",
+            "url",
+            "domain",
+            "error_class",
+            "last_status",
+            "last_error",
+            "attempts",
+            "payload",
+            "first_failed_at",
+            "last_failed_at",
+            "passes",
+        ]
+        conn.execute(dialect.upsert_dead_letter(dead_letters, self.engine, columns, source))
 
     # -- the claim path ---------------------------------------------------------------------
 
@@ -436,10 +540,19 @@ class Frontier:
                     requests.c.payload,
                     requests.c.attempts,
                     requests.c.priority,
+                    requests.c.first_failed_at,
                 )
             )
             rows = [
-                Claimed(r.id, token, r.fingerprint, r.payload, r.attempts, r.priority)
+                Claimed(
+                    r.id,
+                    token,
+                    r.fingerprint,
+                    r.payload,
+                    r.attempts,
+                    r.priority,
+                    r.first_failed_at,
+                )
                 for r in result
             ]
             if rows:
@@ -498,6 +611,74 @@ class Frontier:
             .where(requests.c.worker_id == worker_id, requests.c.state == LEASED)
             .values(_cleared_lease(PENDING, now))
         ).rowcount
+
+    # -- dead letters -----------------------------------------------------------------------
+
+    def reopen_dead(
+        self,
+        name: str,
+        *,
+        error_classes: Sequence[str] = (),
+        domains: Sequence[str] = (),
+        failed_before: float | None = None,
+        now: float | None = None,
+    ) -> tuple[int, int] | None:
+        """Start a retry pass of the latest run of job ``name``: its dead requests
+        that match the filters go back to pending with a fresh attempt budget, and
+        their dead letters count one more pass. Returns (job id, reopened), or None
+        when the job has never run."""
+        now = time.time() if now is None else now
+        with self.engine.begin() as conn:
+            job_id = conn.execute(
+                select(jobs.c.id)
+                .where(jobs.c.name == name)
+                .order_by(jobs.c.generation.desc())
+                .limit(1)
+            ).scalar()
+            if job_id is None:
+                return None
+            chosen = select(dead_letters.c.request_id).where(
+                dead_letters.c.job_id == job_id,
+                dead_letters.c.kind == "request",
+                dead_letters.c.request_id.is_not(None),
+            )
+            if error_classes:
+                chosen = chosen.where(dead_letters.c.error_class.in_(list(error_classes)))
+            if domains:
+                chosen = chosen.where(dead_letters.c.domain.in_(list(domains)))
+            if failed_before is not None:
+                chosen = chosen.where(dead_letters.c.last_failed_at <= failed_before)
+            ids = list(conn.execute(chosen).scalars())
+            reopened = 0
+            for start in range(0, len(ids), _INSERT_CHUNK):
+                chunk = ids[start : start + _INSERT_CHUNK]
+                reopened += conn.execute(
+                    update(requests)
+                    .where(requests.c.id.in_(chunk), requests.c.state == DEAD)
+                    .values(state=PENDING, attempts=0, not_before=0.0, updated_at=now)
+                ).rowcount
+                conn.execute(
+                    update(dead_letters)
+                    .where(dead_letters.c.request_id.in_(chunk), dead_letters.c.kind == "request")
+                    .values(passes=dead_letters.c.passes + 1)
+                )
+            if reopened:
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id == job_id)
+                    .values(state=JOB_RUNNING, finished_at=None)
+                )
+            return job_id, reopened
+
+    def dead_letters_of(self, job_id: int) -> list[dict[str, object]]:
+        """Every dead letter of a job, oldest first (for commands and tests)."""
+        with self._reading() as conn:
+            rows = conn.execute(
+                select(dead_letters)
+                .where(dead_letters.c.job_id == job_id)
+                .order_by(dead_letters.c.id)
+            ).mappings()
+            return [dict(row) for row in rows]
 
     # -- standalone dupefilter --------------------------------------------------------------
 

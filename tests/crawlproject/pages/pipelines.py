@@ -9,13 +9,17 @@ from itemadapter import ItemAdapter
 
 
 class ItemsToFile:
-    def __init__(self, path: str | None):
+    """Also raises on items of the pages in ITEM_FAIL_PAGES (a test of item dead letters)."""
+
+    def __init__(self, path: str | None, fail_pages: set[int]):
         self.path = path
+        self.fail_pages = fail_pages
         self.fh: Any = None
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ItemsToFile:
-        return cls(crawler.settings.get("ITEMS_PATH"))
+        fail = {int(p) for p in crawler.settings.getlist("ITEM_FAIL_PAGES")}
+        return cls(crawler.settings.get("ITEMS_PATH"), fail)
 
     def open_spider(self, spider: Any = None) -> None:
         if self.path:
@@ -26,6 +30,11 @@ class ItemsToFile:
             self.fh.close()
 
     def process_item(self, item: Any, spider: Any = None) -> Any:
+        adapter = ItemAdapter(item)
+        if "error_class" in adapter:
+            return item  # a DeadLetter: exported by FEEDS in the tests that want them
+        if adapter.get("page") in self.fail_pages:
+            raise ValueError(f"refusing page {adapter.get('page')}")
         if self.fh:
-            self.fh.write(json.dumps(ItemAdapter(item).asdict()) + "\n")
+            self.fh.write(json.dumps(adapter.asdict()) + "\n")
         return item

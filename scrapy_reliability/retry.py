@@ -1,0 +1,290 @@
+"""Error classification and the retry decision, as a small policy object.
+
+Four named classes decide what happens to a failed request:
+
+``transient``
+    The server or the network had a bad moment: 408, 425, 5xx (503 without
+    Retry-After), timeouts, refused or reset connections, truncated bodies.
+    Retried with exponential backoff and full jitter.
+``throttled``
+    The server asked us to slow down: 429, and 503 with Retry-After. Retried no
+    earlier than Retry-After (or the backoff when it has none).
+``permanent``
+    Asking again will not help: 400, 401, 403, 404, 410, 422 (and other 4xx), an
+    unknown host name. Dead-lettered at once.
+``cancelled``
+    The crawl stopped; not a failure of the request (never dead-lettered).
+
+The policy only decides; the retry middleware and the scheduler carry it out.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+import math
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scrapy.settings import BaseSettings
+
+from scrapy_reliability.config import SettingError
+
+
+class ErrorClass(str, enum.Enum):
+    TRANSIENT = "transient"
+    THROTTLED = "throttled"
+    PERMANENT = "permanent"
+    CANCELLED = "cancelled"
+
+
+#: HTTP statuses that are failures, by class. Others (2xx, 3xx, 1xx) are not
+#: failures; any other 4xx is permanent and any other 5xx transient.
+DEFAULT_STATUS_CLASSES: Mapping[int, ErrorClass] = {
+    400: ErrorClass.PERMANENT,
+    401: ErrorClass.PERMANENT,
+    403: ErrorClass.PERMANENT,
+    404: ErrorClass.PERMANENT,
+    408: ErrorClass.TRANSIENT,
+    410: ErrorClass.PERMANENT,
+    422: ErrorClass.PERMANENT,
+    425: ErrorClass.TRANSIENT,
+    429: ErrorClass.THROTTLED,
+}
+
+# Exceptions by class name, so that optional modules need not be imported.
+_PERMANENT_EXCEPTIONS = frozenset({"DNSLookupError", "NoRouteError", "NotSupported"})
+_CANCELLED_EXCEPTIONS = frozenset({"CancelledError"})
+
+
+class Action(str, enum.Enum):
+    RETRY = "retry"
+    BURY = "bury"
+    #: The crawl is stopping: leave the request to be released, spend nothing.
+    RELEASE = "release"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with one failed attempt."""
+
+    action: Action
+    error_class: ErrorClass
+    #: For a retry: seconds from now before the request may be fetched again.
+    delay: float = 0.0
+    #: Why, for logs and the dead letter.
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RetryAfter:
+    """A parsed Retry-After header: ``seconds`` from now, or ``invalid`` with why."""
+
+    seconds: float | None
+    invalid: str | None = None
+
+
+def parse_retry_after(value: bytes | str | None, *, now: float | None = None) -> RetryAfter:
+    """Parse delta-seconds or an HTTP-date.
+
+    Garbage, negative values and dates in the past are ``invalid`` (the caller
+    falls back to the backoff); a missing header is ``RetryAfter(None)``.
+    """
+    if value is None:
+        return RetryAfter(None)
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    text = value.strip()
+    if not text:
+        return RetryAfter(None, "empty")
+    if text.lstrip("-+").isdigit():
+        seconds = int(text)
+        if seconds < 0:
+            return RetryAfter(None, f"negative ({text})")
+        return RetryAfter(float(seconds))
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return RetryAfter(None, f"not a number of seconds or an HTTP date ({text[:60]!r})")
+    if when.tzinfo is None:
+        return RetryAfter(None, f"HTTP date without a time zone ({text[:60]!r})")
+    now = time.time() if now is None else now
+    wait = when.timestamp() - now
+    if wait < 0:
+        return RetryAfter(None, f"a date in the past ({text[:60]!r})")
+    return RetryAfter(wait)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Classifies failures and decides retry or bury.
+
+    ``max_attempts`` counts every attempt, the first included. Backoff is
+    exponential with full jitter: a uniform draw in ``[0, min(backoff_max,
+    backoff_base * 2 ** (attempt - 1))]``. A Retry-After longer than
+    ``retry_after_max`` dead-letters the request as throttled rather than park
+    it silently.
+    """
+
+    max_attempts: int = 5
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    retry_after_max: float = 600.0
+    status_classes: Mapping[int, ErrorClass] = field(
+        default_factory=lambda: dict(DEFAULT_STATUS_CLASSES)
+    )
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> RetryPolicy:
+        classes = dict(DEFAULT_STATUS_CLASSES)
+        overrides = settings.getdict("RELIABILITY_STATUS_CLASSES")
+        valid = {c.value for c in ErrorClass} | {"ok"}
+        for raw_status, raw_class in overrides.items():
+            try:
+                status = int(raw_status)
+            except (TypeError, ValueError):
+                raise SettingError(
+                    f"RELIABILITY_STATUS_CLASSES keys must be HTTP status codes "
+                    f"(got {raw_status!r})."
+                ) from None
+            name = str(raw_class).lower()
+            if name not in valid:
+                raise SettingError(
+                    f"RELIABILITY_STATUS_CLASSES[{status}] must be one of "
+                    f"{', '.join(sorted(valid))} (got {raw_class!r})."
+                )
+            if name == "ok":
+                classes.pop(status, None)
+                classes[status] = _OK
+            else:
+                classes[status] = ErrorClass(name)
+        policy = cls(
+            max_attempts=_int(settings, "RELIABILITY_MAX_ATTEMPTS", cls.max_attempts),
+            backoff_base=_float(settings, "RELIABILITY_BACKOFF_BASE_SECONDS", cls.backoff_base),
+            backoff_max=_float(settings, "RELIABILITY_BACKOFF_MAX_SECONDS", cls.backoff_max),
+            retry_after_max=_float(
+                settings, "RELIABILITY_RETRY_AFTER_MAX_SECONDS", cls.retry_after_max
+            ),
+            status_classes=classes,
+        )
+        if policy.backoff_max < policy.backoff_base:
+            raise SettingError(
+                "RELIABILITY_BACKOFF_MAX_SECONDS must not be smaller than "
+                "RELIABILITY_BACKOFF_BASE_SECONDS."
+            )
+        return policy
+
+    def with_overrides(self, meta: Mapping[str, Any]) -> RetryPolicy:
+        """This policy with a request's ``reliability_*`` meta overrides applied."""
+        changes: dict[str, Any] = {}
+        for key, attr, kind in (
+            ("reliability_max_attempts", "max_attempts", int),
+            ("reliability_backoff_base", "backoff_base", float),
+            ("reliability_backoff_max", "backoff_max", float),
+            ("reliability_retry_after_max", "retry_after_max", float),
+        ):
+            if meta.get(key) is not None:
+                changes[attr] = kind(meta[key])
+        if not changes:
+            return self
+        return RetryPolicy(
+            max_attempts=changes.get("max_attempts", self.max_attempts),
+            backoff_base=changes.get("backoff_base", self.backoff_base),
+            backoff_max=changes.get("backoff_max", self.backoff_max),
+            retry_after_max=changes.get("retry_after_max", self.retry_after_max),
+            status_classes=self.status_classes,
+        )
+
+    def classify_status(self, status: int, *, has_retry_after: bool = False) -> ErrorClass | None:
+        """The class of an HTTP status, or None when it is not a failure."""
+        known = self.status_classes.get(status)
+        if known is _OK:
+            return None
+        if status == 503 and has_retry_after and known in (None, ErrorClass.TRANSIENT):
+            return ErrorClass.THROTTLED
+        if known is not None:
+            return known
+        if 400 <= status < 500:
+            return ErrorClass.PERMANENT
+        if status >= 500:
+            return ErrorClass.TRANSIENT
+        return None
+
+    def classify_exception(self, exc: BaseException) -> ErrorClass:
+        names = {cls.__name__ for cls in type(exc).__mro__}
+        if names & _CANCELLED_EXCEPTIONS:
+            return ErrorClass.CANCELLED
+        if names & _PERMANENT_EXCEPTIONS:
+            return ErrorClass.PERMANENT
+        return ErrorClass.TRANSIENT
+
+    def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Full-jitter delay before attempt ``attempt + 1`` (``attempt`` >= 1)."""
+        exponent = min(max(attempt - 1, 0), 62)
+        window = min(self.backoff_max, self.backoff_base * math.pow(2, exponent))
+        return (rng or random).uniform(0, window)
+
+    def decide(
+        self,
+        error_class: ErrorClass,
+        attempts: int,
+        *,
+        retry_after: float | None = None,
+        rng: random.Random | None = None,
+    ) -> Decision:
+        """Decide after ``attempts`` attempts (this failed one included)."""
+        if error_class is ErrorClass.PERMANENT:
+            return Decision(Action.BURY, error_class, reason="permanent error")
+        if error_class is ErrorClass.CANCELLED:
+            return Decision(Action.RELEASE, error_class, reason="cancelled")
+        if attempts >= self.max_attempts:
+            return Decision(
+                Action.BURY,
+                error_class,
+                reason=f"gave up after {attempts} attempts (RELIABILITY_MAX_ATTEMPTS)",
+            )
+        if retry_after is not None:
+            if retry_after > self.retry_after_max:
+                return Decision(
+                    Action.BURY,
+                    ErrorClass.THROTTLED,
+                    reason=(
+                        f"Retry-After of {retry_after:.0f} s is longer than "
+                        f"RELIABILITY_RETRY_AFTER_MAX_SECONDS ({self.retry_after_max:.0f} s)"
+                    ),
+                )
+            return Decision(Action.RETRY, error_class, retry_after, "Retry-After")
+        return Decision(Action.RETRY, error_class, self.backoff(attempts, rng), "backoff")
+
+
+# Marks a status configured as "ok" (not a failure) in status_classes.
+_OK: Any = object()
+
+
+def _int(settings: BaseSettings, name: str, default: int) -> int:
+    raw = settings.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name} must be a whole number (got {raw!r}).") from None
+    if value < 1:
+        raise SettingError(f"{name} must be at least 1 (got {raw!r}).")
+    return value
+
+
+def _float(settings: BaseSettings, name: str, default: float) -> float:
+    raw = settings.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name} must be a number of seconds (got {raw!r}).") from None
+    if not value >= 0 or math.isinf(value):
+        raise SettingError(f"{name} must be a finite number >= 0 (got {raw!r}).")
+    return value

@@ -18,7 +18,10 @@ pytestmark = pytest.mark.slow
 PAGES = 200
 
 
-def test_retried_requests_are_not_lost(tmp_path: Path):
+@pytest.mark.parametrize("middleware", ["reliability", "scrapy"])
+def test_retried_requests_are_not_lost(tmp_path: Path, middleware: str):
+    """Ours (the add-on's default) and Scrapy's own RetryMiddleware both retry the
+    same frontier row."""
     config = SiteConfig(pages=PAGES, fault_rate=0.15, faults=("500x3", "reset", "truncate"))
     faulty = [(h, i) for h in config.hosts for i in range(PAGES) if page_fault(config, h, i)]
     assert len(faulty) > 20
@@ -31,12 +34,16 @@ def test_retried_requests_are_not_lost(tmp_path: Path):
             f"JOBDIR={jobdir}",
             f"ITEMS_PATH={items}",
             "RETRY_TIMES=3",
+            "RELIABILITY_BACKOFF_BASE_SECONDS=0.2",
+            f"RELIABILITY_RETRY_ENABLED={middleware == 'reliability'}",
         )
         assert crawl.run() == 0, crawl.log()[-2000:]
         got = {(i["host"], i["page"]) for i in read_jsonl(items)}
         assert got == {(h, i) for h in site.hosts for i in range(PAGES)}
         log = crawl.log()
         assert "'reliability/rescheduled/retry'" in log
+        ours = "'reliability/retry/transient'" in log
+        assert ours == (middleware == "reliability")
         # The retry is the same row with its attempts counted, not a new row.
         engine = create_engine(f"sqlite:///{jobdir / 'reliability.sqlite'}")
         with engine.connect() as conn:

@@ -34,6 +34,7 @@ except ImportError:  # pragma: no cover - a setup problem, explained to the user
 PROJECT = Path(__file__).resolve().parent
 JOBDIR = Path("crawls") / "demo"  # relative to PROJECT, as in the crawl command
 FEED = Path("output") / "pages.jsonl"  # the FEEDS setting in bookshop/settings.py
+DEAD_FEED = Path("output") / "dead.jsonl"  # dead letters: none expected on the demo site
 LOGS = Path("crawls") / "demo-logs"  # crawl logs and the site's request log
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
@@ -129,7 +130,7 @@ def run_demo(kill_after: int) -> None:
 def clean() -> None:
     """Remove what a previous demo left, so this one starts from nothing."""
     removed = []
-    for path in (JOBDIR, LOGS, FEED):
+    for path in (JOBDIR, LOGS, FEED, DEAD_FEED):
         full = PROJECT / path
         if full.is_dir():
             shutil.rmtree(full)

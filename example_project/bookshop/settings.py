@@ -26,18 +26,28 @@ CONCURRENT_REQUESTS = 16
 CONCURRENT_REQUESTS_PER_DOMAIN = 8
 DOWNLOAD_DELAY = 0.0
 DOWNLOAD_TIMEOUT = 30
-RETRY_TIMES = 2
+# Retries are scrapy-reliability's: the same frontier row, after a backoff or the
+# server's Retry-After, at most this many attempts in all.
+RELIABILITY_MAX_ATTEMPTS = 4
 
 TELNETCONSOLE_ENABLED = False
 LOG_LEVEL = "INFO"
 
 # Appended to, never overwritten: a resumed crawl adds the pages it has not written yet.
 # (A kill -9 can leave half a line at the end; the next run cuts it before appending.)
+# Pages and dead letters (requests that failed for good) go to separate files.
 FEEDS = {
     "output/pages.jsonl": {
         "format": "jsonlines",
         "encoding": "utf-8",
         "overwrite": False,
+        "item_classes": ["bookshop.items.PageItem"],
+    },
+    "output/dead.jsonl": {
+        "format": "jsonlines",
+        "encoding": "utf-8",
+        "overwrite": False,
+        "item_classes": ["scrapy_reliability.DeadLetter"],
     },
 }
 FEED_EXPORT_ENCODING = "utf-8"

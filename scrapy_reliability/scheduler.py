@@ -83,6 +83,8 @@ TASK_META = "reliability_task_id"
 
 # A failed write is tried again after this many seconds; nothing is dropped.
 _WRITE_RETRY_SECONDS = 1.0
+# Buffered new requests at most before enqueue_request waits for the database.
+_MAX_BUFFERED = 2000
 # With nothing due and other workers holding leases, look again this often.
 _POLL_SECONDS = 1.0
 
@@ -134,6 +136,9 @@ class Scheduler(BaseScheduler):
         self._batch = WriteBatch()
         self._batch_requests: dict[str, Request] = {}
         self._flush_future: Future[WriteResult] | None = None
+        # The handler of the write in flight, run once: by its completion callback,
+        # or earlier by backpressure waiting for it.
+        self._flush_handlers: dict[Future[WriteResult], Callable[[Future[WriteResult]], None]] = {}
         self._flush_scheduled = False
         self._claim_future: Future[ClaimResult] | None = None
         # Burials (and item dead letters) whose write failed, retried one by one.
@@ -415,8 +420,22 @@ class Scheduler(BaseScheduler):
         )
         self._batch_requests[key] = request
         self.stats.inc_value("reliability/enqueued")
-        self._schedule_flush()
+        if len(self._batch.inserts) >= _MAX_BUFFERED:
+            self._backpressure()
+        else:
+            self._schedule_flush()
         return True
+
+    def _backpressure(self) -> None:
+        """A callback yields requests faster than they are written: wait for the
+        write in flight, then start writing this batch. Memory stays bounded by
+        two batches however many requests are queued."""
+        future = self._flush_future
+        if future is not None:
+            self.stats.inc_value("reliability/write/backpressure")
+            future.exception()  # waits
+            self._flush_handlers.pop(future)(future)
+        self._flush()
 
     def _key_for(self, request: Request) -> str:
         fingerprint = self.dupefilter.key(request)
@@ -751,12 +770,16 @@ class Scheduler(BaseScheduler):
         batch, self._batch = self._batch, WriteBatch()
         batch.clear_dead_letters = self.retry_pass is not None
         requests, self._batch_requests = self._batch_requests, {}
-        self._flush_future = self._db.call_soon(
-            self._write_on_thread,
-            lambda future: self._flushed(future, batch, requests),
-            self.job.id,
-            batch,
-        )
+
+        def handle(future: Future[WriteResult]) -> None:
+            self._flushed(future, batch, requests)
+
+        def on_done(future: Future[WriteResult]) -> None:
+            if self._flush_handlers.pop(future, None) is not None:
+                handle(future)
+
+        self._flush_future = self._db.call_soon(self._write_on_thread, on_done, self.job.id, batch)
+        self._flush_handlers[self._flush_future] = handle
 
     def _write_on_thread(self, job_id: int, batch: WriteBatch) -> WriteResult:
         assert self.frontier is not None
@@ -765,6 +788,8 @@ class Scheduler(BaseScheduler):
     def _flushed(
         self, future: Future[WriteResult], batch: WriteBatch, requests: dict[str, Request]
     ) -> None:
+        if future is not self._flush_future:
+            return  # already handled (backpressure waited for it)
         self._flush_future = None
         exc = future.exception()
         if exc is not None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from scrapy.settings import BaseSettings
+
+from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 
 ORDERS = ("bfs", "dfs")
 
@@ -72,6 +75,8 @@ class Config:
     dead_letter_items: bool = True
     #: Set by ``scrapy retrypass``: which dead letters this run re-crawls.
     retry_pass: RetryPass | None = None
+    #: Per-domain limits enforced by the frontier's claim.
+    politeness: Politeness = field(default_factory=Politeness)
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Config:
@@ -113,12 +118,101 @@ class Config:
                 settings, "RELIABILITY_DEAD_LETTER_ITEMS", cls.dead_letter_items
             ),
             retry_pass=RetryPass.from_setting(settings.get("RELIABILITY_RETRY_PASS")),
+            politeness=politeness_from_settings(settings),
             max_in_flight=(
                 _positive_int(settings, "RELIABILITY_MAX_IN_FLIGHT", 1)
                 if settings.get("RELIABILITY_MAX_IN_FLIGHT") is not None
                 else None
             ),
         )
+
+
+#: Polite defaults: a few requests per second and a few at once, per domain.
+DEFAULT_DOMAIN_RATE = 4.0
+DEFAULT_DOMAIN_CONCURRENCY = 4
+
+
+def politeness_from_settings(settings: BaseSettings) -> Politeness:
+    """RELIABILITY_DOMAIN_* and RELIABILITY_DOMAINS; a project's own DOWNLOAD_DELAY,
+    CONCURRENT_REQUESTS_PER_DOMAIN and DOWNLOAD_SLOTS are honoured when set."""
+    default_rate = DEFAULT_DOMAIN_RATE
+    delay = settings.getfloat("DOWNLOAD_DELAY")
+    if delay > 0 and (settings.getpriority("DOWNLOAD_DELAY") or 0) > 0:
+        default_rate = 1.0 / delay
+    rate = _nonnegative_float(settings, "RELIABILITY_DOMAIN_RATE", default_rate)
+    default_concurrency = DEFAULT_DOMAIN_CONCURRENCY
+    if (settings.getpriority("CONCURRENT_REQUESTS_PER_DOMAIN") or 0) > 0:
+        default_concurrency = settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")
+    concurrency = _nonnegative_int(settings, "RELIABILITY_DOMAIN_CONCURRENCY", default_concurrency)
+    burst = _positive_int(settings, "RELIABILITY_DOMAIN_BURST", max(1, int(rate)))
+    default = DomainLimits(rate=rate, burst=burst, concurrency=concurrency)
+    overrides: dict[str, DomainLimits] = {}
+    for slot, slot_options in settings.getdict("DOWNLOAD_SLOTS").items():
+        slot_delay = float((slot_options or {}).get("delay") or 0)
+        overrides[str(slot).lower()] = DomainLimits(
+            rate=1.0 / slot_delay if slot_delay > 0 else default.rate,
+            burst=1 if slot_delay > 0 else default.burst,
+            concurrency=int((slot_options or {}).get("concurrency") or default.concurrency),
+        )
+    for domain, options in settings.getdict("RELIABILITY_DOMAINS").items():
+        if not isinstance(options, dict):
+            raise SettingError(
+                f"RELIABILITY_DOMAINS[{domain!r}] must be a dict like "
+                "{'rate': 0.5, 'burst': 1, 'concurrency': 1} (got {options!r})."
+            )
+        unknown = set(options) - {"rate", "burst", "concurrency"}
+        if unknown:
+            raise SettingError(
+                f"RELIABILITY_DOMAINS[{domain!r}] has unknown keys {sorted(unknown)}; "
+                "use rate, burst and concurrency."
+            )
+        try:
+            d_rate = float(options.get("rate", default.rate))
+            d_burst = int(
+                options.get("burst", max(1, int(d_rate)) if "rate" in options else default.burst)
+            )
+            d_conc = int(options.get("concurrency", default.concurrency))
+        except (TypeError, ValueError):
+            raise SettingError(
+                f"RELIABILITY_DOMAINS[{domain!r}] needs numbers (got {options!r})."
+            ) from None
+        if d_rate < 0 or d_burst < 1 or d_conc < 0:
+            raise SettingError(
+                f"RELIABILITY_DOMAINS[{domain!r}]: rate and concurrency must be >= 0 and "
+                f"burst >= 1 (got {options!r})."
+            )
+        overrides[str(domain).lower()] = DomainLimits(d_rate, d_burst, d_conc)
+    jitter = _nonnegative_float(settings, "RELIABILITY_DOMAIN_JITTER", 0.1)
+    if jitter > 1:
+        raise SettingError(f"RELIABILITY_DOMAIN_JITTER must be between 0 and 1 (got {jitter}).")
+    return Politeness(
+        default=default,
+        overrides=overrides,
+        jitter=jitter,
+        slow_start=_nonnegative_float(settings, "RELIABILITY_DOMAIN_SLOW_START_SECONDS", 0.0),
+    )
+
+
+def _nonnegative_float(settings: BaseSettings, name: str, default: float) -> float:
+    raw = _raw(settings, name, default)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name} must be a number (got {raw!r}).") from None
+    if value < 0 or math.isnan(value):
+        raise SettingError(f"{name} must be 0 or more (got {raw!r}).")
+    return value
+
+
+def _nonnegative_int(settings: BaseSettings, name: str, default: int) -> int:
+    raw = _raw(settings, name, default)
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name} must be a whole number (got {raw!r}).") from None
+    if value < 0:
+        raise SettingError(f"{name} must be 0 or more (got {raw!r}).")
+    return value
 
 
 def _raw(settings: BaseSettings, name: str, default: Any) -> Any:

@@ -119,11 +119,17 @@ class RetryMiddleware:
             )
             retry = request.copy()
             retry.dont_filter = True
+            not_before = time.time() + decision.delay
             retry.meta[RETRY_META] = {
                 "error_class": cls,
                 "status": status,
                 "error": error,
-                "not_before": time.time() + decision.delay,
+                "not_before": not_before,
+                # Retry-After pauses the whole domain, for every worker (the same
+                # moment as this retry's not_before: one mechanism, not two).
+                "pause_until": not_before if retry_after is not None else None,
+                # A 429 halves the domain's adaptive rate.
+                "slow_down": status == 429,
             }
             return retry
         self.stats.inc_value(f"reliability/gave_up/{cls}")

@@ -83,6 +83,8 @@ TASK_META = "reliability_task_id"
 
 # A failed write is tried again after this many seconds; nothing is dropped.
 _WRITE_RETRY_SECONDS = 1.0
+# How long after its last 429 a domain's adaptive rate keeps recovering.
+_RECOVERY_WINDOW = 600.0
 # Buffered new requests at most before enqueue_request waits for the database.
 _MAX_BUFFERED = 2000
 # With nothing due and other workers holding leases, look again this often.
@@ -110,6 +112,7 @@ class _Lease:
     first_failed_at: float | None = None
     url: str = ""
     method: str = "GET"
+    domain: str = ""
 
 
 class Scheduler(BaseScheduler):
@@ -145,6 +148,9 @@ class Scheduler(BaseScheduler):
         self._isolated: deque[WriteBatch] = deque()
         self._isolated_future: Future[WriteResult] | None = None
         self._isolated_delay = _WRITE_RETRY_SECONDS
+        # Domains this worker saw paused (until when) and slowed down (when).
+        self._paused: dict[str, float] = {}
+        self._slowed: dict[str, float] = {}
         # Nothing is due before this time unless something changed (a write landed).
         self._idle_until = 0.0
         self._maybe_pending = True
@@ -474,6 +480,12 @@ class Scheduler(BaseScheduler):
             return False
         lease.stage = _Stage.SETTLING
         failure = decided if isinstance(decided, dict) else {}
+        pause_until = failure.get("pause_until")
+        slow_down = bool(failure.get("slow_down"))
+        if pause_until:
+            self._pause_locally(lease.domain, float(pause_until))
+        if slow_down:
+            self._slowed[lease.domain] = time.time()
         self._batch.transitions.append(
             Transition(
                 lease.task_id,
@@ -486,6 +498,10 @@ class Scheduler(BaseScheduler):
                 status=failure.get("status"),
                 error=failure.get("error"),
                 error_class=failure.get("error_class"),
+                domain=lease.domain,
+                pause_until=float(pause_until) if pause_until else None,
+                pause_reason=f"Retry-After ({failure.get('status')})" if pause_until else None,
+                slow_down=slow_down,
             )
         )
         self.stats.inc_value(f"reliability/rescheduled/{'retry' if retried else 'redirect'}")
@@ -517,6 +533,8 @@ class Scheduler(BaseScheduler):
             return None
         if not self._ready and not self._closing:
             self._claim(block=True)
+        if self._paused:
+            self._hold_paused()
         if not self._ready:
             return None
         request = self._ready.popleft()
@@ -527,6 +545,41 @@ class Scheduler(BaseScheduler):
             self._claim(block=False)
         self.stats.inc_value("reliability/dequeued")
         return request
+
+    def _pause_locally(self, domain: str, until: float) -> None:
+        if until > self._paused.get(domain, 0.0):
+            self._paused[domain] = until
+            self.stats.inc_value("reliability/domain/paused")
+            logger.info(
+                "Pausing %(domain)s for %(s).1f s (Retry-After), for every worker",
+                {"domain": domain, "s": until - time.time()},
+                extra={"spider": self.spider},
+            )
+
+    def _hold_paused(self) -> None:
+        """Requests of a domain paused while they waited in the buffer go back to
+        the frontier, due when the pause ends; they were never started."""
+        now = time.time()
+        for domain, until in list(self._paused.items()):
+            if until <= now:
+                del self._paused[domain]
+        if not self._paused:
+            return
+        keep: deque[Request] = deque()
+        for request in self._ready:
+            lease = self._lease_of(request)
+            paused_until = self._paused.get(lease.domain) if lease is not None else None
+            if lease is None or paused_until is None:
+                keep.append(request)
+                continue
+            lease.stage = _Stage.SETTLING
+            self._batch.transitions.append(
+                Transition(lease.task_id, lease.token, Outcome.RELEASE, not_before=paused_until)
+            )
+            self.stats.inc_value("reliability/domain/held")
+        if len(keep) != len(self._ready):
+            self._ready = keep
+            self._schedule_flush()
 
     def _claim(self, *, block: bool) -> None:
         if self.job is None or self._closing:
@@ -552,6 +605,7 @@ class Scheduler(BaseScheduler):
             self.config.claim_batch,
             lease_seconds=self.config.lease_seconds,
             newest_first=self.config.order == "dfs",
+            politeness=self.config.politeness,
         )
 
     def _claimed(self, future: Future[ClaimResult]) -> None:
@@ -618,6 +672,7 @@ class Scheduler(BaseScheduler):
         lease.first_failed_at = row.first_failed_at
         lease.url = request.url
         lease.method = request.method
+        lease.domain = urlparse_cached(request).hostname or ""
         self._ready.append(request)
 
     # -- completion -------------------------------------------------------------------------
@@ -652,6 +707,13 @@ class Scheduler(BaseScheduler):
             }
         if failure is None:
             self._settle(lease, Outcome.DONE)
+            slowed = self._slowed.get(lease.domain)
+            if slowed is not None:
+                if time.time() - slowed > _RECOVERY_WINDOW:
+                    del self._slowed[lease.domain]
+                else:
+                    recoveries = self._batch.recoveries
+                    recoveries[lease.domain] = recoveries.get(lease.domain, 0) + 1
             return None
         return self._bury(lease, failure)
 
@@ -899,8 +961,9 @@ class Scheduler(BaseScheduler):
             logger.warning(
                 "%(error)s", {"error": LeaseLost(result.lost)}, extra={"spider": self.spider}
             )
-        if inserted or any(o is Outcome.RESCHEDULE for o in outcomes.values()):
-            self._idle_until = 0.0
+        if inserted or result.settled:
+            # New rows, rows back to pending, or leases freed under a domain's cap.
+            self._idle_until = min(self._idle_until, time.time() + 0.05) if not inserted else 0.0
             self._maybe_pending = True
 
     def _forget(self, task_id: int, token: str) -> None:

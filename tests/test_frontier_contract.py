@@ -218,6 +218,7 @@ FINAL_STATE = {
     Outcome.IGNORED: "ignored",
     Outcome.DEAD: "dead",
     Outcome.RESCHEDULE: "pending",
+    Outcome.RELEASE: "pending",
 }
 
 

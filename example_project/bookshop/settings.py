@@ -26,6 +26,11 @@ CONCURRENT_REQUESTS = 16
 CONCURRENT_REQUESTS_PER_DOMAIN = 8
 DOWNLOAD_DELAY = 0.0
 DOWNLOAD_TIMEOUT = 30
+# Per-domain limits held by the frontier across every worker. The demo site is on
+# this machine; for somebody else's site keep the polite defaults (4 requests/s, 4
+# at once) or set RELIABILITY_DOMAINS = {"example.com": {"rate": 1, "concurrency": 2}}.
+RELIABILITY_DOMAIN_RATE = 100
+RELIABILITY_DOMAIN_CONCURRENCY = 8
 # Retries are scrapy-reliability's: the same frontier row, after a backoff or the
 # server's Retry-After, at most this many attempts in all.
 RELIABILITY_MAX_ATTEMPTS = 4

@@ -8,7 +8,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from sqlalchemy import Connection, Engine, Select, Table, create_engine, event, make_url, text
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Select,
+    Table,
+    create_engine,
+    event,
+    func,
+    make_url,
+    text,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
@@ -115,6 +125,16 @@ def _configure_sqlite(engine: Engine) -> None:
 
 def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
+
+
+def greatest(engine: Engine, *values: Any) -> Any:
+    """SQL GREATEST (SQLite spells it max with several arguments)."""
+    return func.max(*values) if is_sqlite(engine) else func.greatest(*values)
+
+
+def least(engine: Engine, *values: Any) -> Any:
+    """SQL LEAST (SQLite spells it min with several arguments)."""
+    return func.min(*values) if is_sqlite(engine) else func.least(*values)
 
 
 def insert_ignore(table: Table, engine: Engine) -> Insert:

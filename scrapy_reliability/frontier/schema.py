@@ -134,6 +134,14 @@ requests = Table(
         sqlite_where=text("state = 'leased'"),
     ),
     Index("ix_reliability_requests_job_state", "job_id", "state"),
+    # Concurrency caps count leased rows per domain.
+    Index(
+        "ix_reliability_requests_domain_leased",
+        "job_id",
+        "domain",
+        postgresql_where=text("state = 'leased'"),
+        sqlite_where=text("state = 'leased'"),
+    ),
 )
 
 #: Fingerprints seen by the DupeFilter when it runs under Scrapy's own scheduler.
@@ -180,3 +188,21 @@ dead_letters = Table(
 
 #: Error classes (see scrapy_reliability.retry).
 ERROR_CLASSES = ("transient", "throttled", "permanent", "cancelled")
+
+#: Per-domain politeness state shared by every worker of a job: the token bucket
+#: (as a GCRA theoretical arrival time), pauses, robots.txt Crawl-delay and the
+#: adaptive rate factor. Limits themselves come from each worker's settings.
+domains = Table(
+    "reliability_domains",
+    metadata,
+    Column("job_id", Integer, ForeignKey("reliability_jobs.id"), primary_key=True),
+    Column("domain", String(255), primary_key=True),
+    Column("tat", Float, nullable=False),
+    Column("paused_until", Float, nullable=False),
+    Column("pause_reason", Text, nullable=True),
+    Column("crawl_delay", Float, nullable=True),
+    Column("rate_factor", Float, nullable=False),
+    Column("last_decrease_at", Float, nullable=False),
+    Column("created_at", Float, nullable=False),
+    CheckConstraint("rate_factor > 0 AND rate_factor <= 1", name="rate_factor"),
+)

@@ -9,18 +9,31 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import random
 import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, Engine, bindparam, delete, func, literal, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    delete,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
 from scrapy_reliability.frontier import dialect, migrate
 from scrapy_reliability.frontier.errors import JobMismatch, LeaseLost
+from scrapy_reliability.frontier.politeness import DomainState, Politeness
 from scrapy_reliability.frontier.schema import (
     DEAD,
     DONE,
@@ -30,6 +43,7 @@ from scrapy_reliability.frontier.schema import (
     LEASED,
     PENDING,
     dead_letters,
+    domains,
     fingerprints,
     jobs,
     requests,
@@ -37,6 +51,9 @@ from scrapy_reliability.frontier.schema import (
 )
 
 SQLAlchemyError = _SQLAlchemyError
+
+# The adaptive rate never falls below this fraction of the configured rate.
+_MIN_RATE_FACTOR = 0.05
 
 # Rows per INSERT statement: far below SQLite's bound-parameter limit.
 _INSERT_CHUNK = 400
@@ -51,6 +68,9 @@ class Outcome(str, enum.Enum):
     #: Back to pending with a new payload and ``not_before`` (a retry or a
     #: redirect handled by a downloader middleware).
     RESCHEDULE = "reschedule"
+    #: Back to pending untouched, not before ``not_before`` (never started: its
+    #: domain was paused while it waited in a worker's buffer).
+    RELEASE = "release"
 
 
 @dataclass(frozen=True)
@@ -106,6 +126,12 @@ class Transition:
     error: str | None = None
     #: The failure's class, for a retry (RESCHEDULE) or a burial (DEAD).
     error_class: str | None = None
+    #: Pause the request's domain (``domain``) until then, e.g. from Retry-After.
+    domain: str | None = None
+    pause_until: float | None = None
+    pause_reason: str | None = None
+    #: Halve the domain's adaptive rate (a 429 or a ban signal).
+    slow_down: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,16 +145,33 @@ class DeadItem:
     item: str
 
 
+@dataclass(frozen=True)
+class DomainUpdate:
+    """robots.txt told this domain's Crawl-delay (None: it has none)."""
+
+    domain: str
+    crawl_delay: float | None
+
+
 @dataclass
 class WriteBatch:
     inserts: list[NewRequest] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
     dead_items: list[DeadItem] = field(default_factory=list)
+    domain_updates: list[DomainUpdate] = field(default_factory=list)
+    #: Successes per slowed-down domain: their adaptive rate recovers a little.
+    recoveries: dict[str, int] = field(default_factory=dict)
     #: A retry pass: an acked row's dead letter is resolved (deleted).
     clear_dead_letters: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.inserts or self.transitions or self.dead_items)
+        return bool(
+            self.inserts
+            or self.transitions
+            or self.dead_items
+            or self.domain_updates
+            or self.recoveries
+        )
 
 
 @dataclass(frozen=True)
@@ -152,6 +195,9 @@ class Frontier:
         self._lock = lock
         self._insert = dialect.insert_ignore(requests, engine)
         self._insert_fp = dialect.insert_ignore(fingerprints, engine)
+        self._insert_domain = dialect.insert_ignore(domains, engine)
+        self._known_domains: set[tuple[int, str]] = set()
+        self._rng = random.Random()
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Connection]:
@@ -321,7 +367,9 @@ class Frontier:
             inserted = self._insert_requests(conn, job_id, batch.inserts, now)
             if batch.dead_items:
                 self._insert_dead_items(conn, job_id, batch.dead_items, now)
-            settled, lost = self._apply_transitions(conn, batch.transitions, now)
+            settled, lost = self._apply_transitions(conn, batch.transitions, now, job_id)
+            if batch.domain_updates or batch.recoveries:
+                self._update_domains(conn, job_id, batch, now)
             if batch.clear_dead_letters:
                 done = [
                     tr.task_id
@@ -369,7 +417,10 @@ class Frontier:
         """Apply one transition; raise :class:`LeaseLost` if the token no longer holds."""
         now = time.time() if now is None else now
         with self.engine.begin() as conn:
-            _, lost = self._apply_transitions(conn, [transition], now)
+            job_id = conn.execute(
+                select(requests.c.job_id).where(requests.c.id == transition.task_id)
+            ).scalar()
+            _, lost = self._apply_transitions(conn, [transition], now, job_id or 0)
         if lost:
             raise LeaseLost(lost)
 
@@ -400,7 +451,7 @@ class Frontier:
         return inserted
 
     def _apply_transitions(
-        self, conn: Connection, transitions: Iterable[Transition], now: float
+        self, conn: Connection, transitions: Iterable[Transition], now: float, job_id: int
     ) -> tuple[list[int], list[int]]:
         settled: list[int] = []
         lost: list[int] = []
@@ -428,13 +479,14 @@ class Frontier:
             settled.extend(done)
             lost.extend(i for i in ids if i not in done)
         for tr in singles:
-            values = _cleared_lease(
-                PENDING if tr.outcome is Outcome.RESCHEDULE else tr.outcome.value, now
-            )
+            back = tr.outcome in (Outcome.RESCHEDULE, Outcome.RELEASE)
+            values = _cleared_lease(PENDING if back else tr.outcome.value, now)
             values["attempts"] = requests.c.attempts + tr.attempts_inc
             if tr.outcome is Outcome.RESCHEDULE:
                 assert tr.payload is not None and tr.url is not None
                 values.update(payload=tr.payload, url=tr.url, not_before=tr.not_before)
+            elif tr.outcome is Outcome.RELEASE:
+                values["not_before"] = tr.not_before
             if tr.status is not None:
                 values["last_status"] = tr.status
             if tr.error is not None:
@@ -458,8 +510,59 @@ class Frontier:
             if tr.outcome is Outcome.DEAD:
                 # Fail closed: the dead letter commits with the burial or neither does.
                 self._write_dead_letter(conn, tr, now)
+            if tr.domain and (tr.pause_until or tr.slow_down):
+                self._pause_domain(conn, job_id, tr, now)
             settled.append(tr.task_id)
         return settled, lost
+
+    def _pause_domain(self, conn: Connection, job_id: int, tr: Transition, now: float) -> None:
+        """Pause the domain for every worker (Retry-After, ban signals) and/or
+        halve its adaptive rate, at most once a second."""
+        assert tr.domain is not None
+        self._ensure_domains(conn, job_id, [tr.domain], now)
+        where = and_(domains.c.job_id == job_id, domains.c.domain == tr.domain)
+        if tr.pause_until:
+            conn.execute(
+                update(domains)
+                .where(where, domains.c.paused_until < tr.pause_until)
+                .values(paused_until=tr.pause_until, pause_reason=tr.pause_reason)
+            )
+        if tr.slow_down:
+            conn.execute(
+                update(domains)
+                .where(where, domains.c.last_decrease_at < now - 1.0)
+                .values(
+                    rate_factor=dialect.greatest(
+                        self.engine, domains.c.rate_factor / 2, literal(_MIN_RATE_FACTOR)
+                    ),
+                    last_decrease_at=now,
+                )
+            )
+
+    def _update_domains(self, conn: Connection, job_id: int, batch: WriteBatch, now: float) -> None:
+        names = [u.domain for u in batch.domain_updates] + list(batch.recoveries)
+        self._ensure_domains(conn, job_id, names, now)
+        for upd in batch.domain_updates:
+            conn.execute(
+                update(domains)
+                .where(domains.c.job_id == job_id, domains.c.domain == upd.domain)
+                .values(crawl_delay=upd.crawl_delay)
+            )
+        for name, successes in batch.recoveries.items():
+            # Additive increase: 2% of the full rate per success, up to the full rate.
+            conn.execute(
+                update(domains)
+                .where(
+                    domains.c.job_id == job_id,
+                    domains.c.domain == name,
+                    domains.c.rate_factor < 1.0,
+                )
+                .values(
+                    rate_factor=dialect.least(
+                        self.engine, domains.c.rate_factor + 0.02 * successes, literal(1.0)
+                    )
+                )
+            )
 
     def _write_dead_letter(self, conn: Connection, tr: Transition, now: float) -> None:
         source = select(
@@ -504,73 +607,226 @@ class Frontier:
         *,
         lease_seconds: float,
         newest_first: bool = False,
+        politeness: Politeness | None = None,
         now: float | None = None,
     ) -> ClaimResult:
         """Lease up to ``limit`` due pending rows: highest priority first, then
-        oldest (or newest, depth-first) first. Rows due later never block rows
-        due now. On Postgres, rows locked by a concurrent claim are skipped."""
+        oldest (or newest, depth-first) first, within each domain's limits.
+
+        Rows due later, and rows of paused or rate-limited domains, never block
+        rows that may start now. On Postgres, rows locked by a concurrent claim
+        are skipped and domain rows are locked, so limits hold across workers.
+        """
         now = time.time() if now is None else now
+        policy = politeness or Politeness()
         token = new_token()
         order = requests.c.id.desc() if newest_first else requests.c.id.asc()
-        due = (
-            select(requests.c.id)
-            .where(
-                requests.c.job_id == job_id,
-                requests.c.state == PENDING,
-                requests.c.not_before <= now,
-            )
-            .order_by(requests.c.priority.desc(), order)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
+        d = domains
+        taken: list[int] = []
         with self.engine.begin() as conn:
-            result = conn.execute(
-                update(requests)
-                .where(requests.c.id.in_(due.scalar_subquery()))
-                .values(
-                    state=LEASED,
-                    lease_token=token,
-                    worker_id=worker_id,
-                    lease_expires_at=now + lease_seconds,
-                    updated_at=now,
+            excluded: set[str] = set()
+            states: dict[str, DomainState] = {}
+            for _round in range(3):
+                want = limit - len(taken)
+                candidates = conn.execute(
+                    select(requests.c.id, requests.c.domain)
+                    .select_from(
+                        requests.outerjoin(
+                            d,
+                            and_(d.c.job_id == requests.c.job_id, d.c.domain == requests.c.domain),
+                        )
+                    )
+                    .where(
+                        requests.c.job_id == job_id,
+                        requests.c.state == PENDING,
+                        requests.c.not_before <= now,
+                        or_(d.c.domain.is_(None), d.c.paused_until <= now),
+                        *([requests.c.domain.not_in(sorted(excluded))] if excluded else []),
+                    )
+                    .order_by(requests.c.priority.desc(), order)
+                    .limit(want * 4 if policy.limits_anything else want)
+                    .with_for_update(skip_locked=True, of=requests)
+                ).all()
+                if not candidates:
+                    break
+                if not policy.limits_anything:
+                    taken += [c.id for c in candidates]
+                    break
+                self._load_domain_states(
+                    conn, job_id, {c.domain for c in candidates} - set(states), states, now
                 )
-                .returning(
-                    requests.c.id,
-                    requests.c.fingerprint,
-                    requests.c.payload,
-                    requests.c.attempts,
-                    requests.c.priority,
-                    requests.c.first_failed_at,
+                blocked: set[str] = set()
+                for cand in candidates:
+                    if len(taken) >= limit:
+                        break
+                    state = states[cand.domain]
+                    if state.try_take(policy.limits_for(cand.domain), policy, now, self._rng):
+                        taken.append(cand.id)
+                    else:
+                        blocked.add(cand.domain)
+                if len(taken) >= limit or len(candidates) < want * 4 or not blocked:
+                    break
+                excluded |= blocked
+            for state in states.values():
+                if state.changed:
+                    conn.execute(
+                        update(d)
+                        .where(d.c.job_id == job_id, d.c.domain == state.domain)
+                        .values(tat=state.tat)
+                    )
+            if taken:
+                result = conn.execute(
+                    update(requests)
+                    .where(requests.c.id.in_(taken))
+                    .values(
+                        state=LEASED,
+                        lease_token=token,
+                        worker_id=worker_id,
+                        lease_expires_at=now + lease_seconds,
+                        updated_at=now,
+                    )
+                    .returning(
+                        requests.c.id,
+                        requests.c.fingerprint,
+                        requests.c.payload,
+                        requests.c.attempts,
+                        requests.c.priority,
+                        requests.c.first_failed_at,
+                        requests.c.domain,
+                    )
                 )
-            )
-            rows = [
-                Claimed(
-                    r.id,
-                    token,
-                    r.fingerprint,
-                    r.payload,
-                    r.attempts,
-                    r.priority,
-                    r.first_failed_at,
-                )
-                for r in result
-            ]
-            if rows:
+                rows = [
+                    Claimed(
+                        r.id,
+                        token,
+                        r.fingerprint,
+                        r.payload,
+                        r.attempts,
+                        r.priority,
+                        r.first_failed_at,
+                    )
+                    for r in result
+                ]
                 rows.sort(key=lambda c: (-c.priority, -c.id if newest_first else c.id))
                 return ClaimResult(rows)
-            next_due = conn.execute(
-                select(func.min(requests.c.not_before)).where(
-                    requests.c.job_id == job_id, requests.c.state == PENDING
-                )
-            ).scalar()
-            elsewhere = conn.execute(
-                select(func.count()).where(
+            return ClaimResult(
+                [],
+                self._next_start(conn, job_id, policy, now),
+                conn.execute(
+                    select(func.count()).where(
+                        requests.c.job_id == job_id,
+                        requests.c.state == LEASED,
+                        requests.c.worker_id != worker_id,
+                    )
+                ).scalar_one(),
+            )
+
+    def _load_domain_states(
+        self,
+        conn: Connection,
+        job_id: int,
+        names: set[str],
+        into: dict[str, DomainState],
+        now: float,
+    ) -> None:
+        """Lock and read the domain rows (creating missing ones), with their
+        current leased counts."""
+        if not names:
+            return
+        ordered = sorted(names)
+        self._ensure_domains(conn, job_id, ordered, now)
+        rows = conn.execute(
+            select(domains)
+            .where(domains.c.job_id == job_id, domains.c.domain.in_(ordered))
+            .order_by(domains.c.domain)
+            .with_for_update()
+        ).all()
+        leased: dict[str, int] = dict(
+            conn.execute(
+                select(requests.c.domain, func.count())
+                .where(
                     requests.c.job_id == job_id,
                     requests.c.state == LEASED,
-                    requests.c.worker_id != worker_id,
+                    requests.c.domain.in_(ordered),
                 )
-            ).scalar_one()
-            return ClaimResult([], next_due, elsewhere)
+                .group_by(requests.c.domain)
+            ).all()
+        )
+        for row in rows:
+            into[row.domain] = DomainState(
+                row.domain,
+                row.tat,
+                row.paused_until,
+                row.crawl_delay,
+                row.rate_factor,
+                row.created_at,
+                leased=leased.get(row.domain, 0),
+            )
+
+    def _ensure_domains(
+        self, conn: Connection, job_id: int, names: Iterable[str], now: float
+    ) -> None:
+        missing = [n for n in names if (job_id, n) not in self._known_domains]
+        if not missing:
+            return
+        conn.execute(
+            self._insert_domain.values(
+                [
+                    {
+                        "job_id": job_id,
+                        "domain": name,
+                        "tat": 0.0,
+                        "paused_until": 0.0,
+                        "rate_factor": 1.0,
+                        "last_decrease_at": 0.0,
+                        "created_at": now,
+                    }
+                    for name in missing
+                ]
+            )
+        )
+        self._known_domains.update((job_id, n) for n in missing)
+
+    def _next_start(
+        self, conn: Connection, job_id: int, policy: Politeness, now: float
+    ) -> float | None:
+        """When nothing may start now: the earliest moment a pending row may
+        (its not_before, its domain's pause and token bucket), or None when no
+        row is pending."""
+        rows = conn.execute(
+            select(
+                requests.c.domain,
+                func.min(requests.c.not_before).label("due"),
+            )
+            .where(requests.c.job_id == job_id, requests.c.state == PENDING)
+            .group_by(requests.c.domain)
+        ).all()
+        if not rows:
+            return None
+        states: dict[str, DomainState] = {}
+        known = conn.execute(
+            select(domains).where(
+                domains.c.job_id == job_id, domains.c.domain.in_([r.domain for r in rows])
+            )
+        ).all()
+        for row in known:
+            states[row.domain] = DomainState(
+                row.domain,
+                row.tat,
+                row.paused_until,
+                row.crawl_delay,
+                row.rate_factor,
+                row.created_at,
+            )
+        soonest: float | None = None
+        for row in rows:
+            start = float(row.due)
+            state = states.get(row.domain)
+            if state is not None:
+                limits = policy.limits_for(row.domain)
+                start = max(start, state.paused_until, state.available_at(limits, policy, now))
+            soonest = start if soonest is None else min(soonest, start)
+        return soonest
 
     # -- leases -----------------------------------------------------------------------------
 

@@ -7,3 +7,7 @@ ROBOTSTXT_OBEY = False
 TELNETCONSOLE_ENABLED = False
 LOG_LEVEL = "INFO"
 ITEM_PIPELINES = {"pages.pipelines.ItemsToFile": 300}
+
+# The test site is our own: no per-domain rate or concurrency limit unless a test sets one.
+RELIABILITY_DOMAIN_RATE = 0
+RELIABILITY_DOMAIN_CONCURRENCY = 0

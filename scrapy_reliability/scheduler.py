@@ -51,6 +51,7 @@ from scrapy_reliability.frontier import (
     Claimed,
     ClaimResult,
     DeadItem,
+    DomainUpdate,
     Frontier,
     FrontierError,
     Job,
@@ -83,6 +84,8 @@ TASK_META = "reliability_task_id"
 
 # A failed write is tried again after this many seconds; nothing is dropped.
 _WRITE_RETRY_SECONDS = 1.0
+# How long the other requests of a new domain wait for its robots.txt.
+_ROBOTS_WAIT = 15.0
 # How long after its last 429 a domain's adaptive rate keeps recovering.
 _RECOVERY_WINDOW = 600.0
 # Buffered new requests at most before enqueue_request waits for the database.
@@ -151,6 +154,16 @@ class Scheduler(BaseScheduler):
         # Domains this worker saw paused (until when) and slowed down (when).
         self._paused: dict[str, float] = {}
         self._slowed: dict[str, float] = {}
+        # robots.txt: domains asked (when) and seen, for Crawl-delay.
+        self._obey_robots = crawler.settings.getbool("ROBOTSTXT_OBEY")
+        self._robots_agent = (
+            crawler.settings.get("ROBOTSTXT_USER_AGENT")
+            or crawler.settings.get("USER_AGENT")
+            or "*"
+        )
+        self._robots_asked: dict[str, float] = {}
+        self._robots_seen: set[str] = set()
+        crawler.signals.connect(self._robots_fetched, signal=signals.response_received)
         # Nothing is due before this time unless something changed (a write landed).
         self._idle_until = 0.0
         self._maybe_pending = True
@@ -535,9 +548,9 @@ class Scheduler(BaseScheduler):
             self._claim(block=True)
         if self._paused:
             self._hold_paused()
-        if not self._ready:
+        request = self._pick()
+        if request is None:
             return None
-        request = self._ready.popleft()
         lease = self._leases.get(request.meta[TASK_META])
         if lease is not None:
             lease.stage = _Stage.FETCHING
@@ -545,6 +558,54 @@ class Scheduler(BaseScheduler):
             self._claim(block=False)
         self.stats.inc_value("reliability/dequeued")
         return request
+
+    def _pick(self) -> Request | None:
+        """The first buffered request that may start now. With ROBOTSTXT_OBEY, a
+        domain whose robots.txt this worker has not seen yet gets one request
+        (which fetches robots.txt); the others wait for its Crawl-delay."""
+        if not self._obey_robots:
+            return self._ready.popleft() if self._ready else None
+        now = time.time()
+        for _ in range(len(self._ready)):
+            request = self._ready.popleft()
+            lease = self._lease_of(request)
+            domain = lease.domain if lease is not None else ""
+            asked = self._robots_asked.get(domain)
+            if asked is None:
+                self._robots_asked[domain] = now
+                return request
+            if domain in self._robots_seen or now - asked > _ROBOTS_WAIT:
+                return request
+            self._ready.append(request)
+        return None
+
+    def _robots_fetched(self, response: Any, request: Request, spider: Spider) -> None:
+        """robots.txt of a domain arrived: its Crawl-delay bounds the domain's gap."""
+        if not self._obey_robots or urlparse_cached(request).path != "/robots.txt":
+            return
+        domain = urlparse_cached(request).hostname or ""
+        delay: float | None = None
+        if getattr(response, "status", 0) == 200:
+            try:
+                from protego import Protego
+
+                rules = Protego.parse(response.body.decode("utf-8", errors="replace"))
+                found = rules.crawl_delay(self._robots_agent)
+                delay = float(found) if found else None
+            except Exception:  # a broken robots.txt must not stop the crawl
+                delay = None
+        self._robots_seen.add(domain)
+        if delay:
+            logger.info(
+                "robots.txt of %(domain)s asks for Crawl-delay %(d)s s: at most one request "
+                "every %(d)s s from all workers",
+                {"domain": domain, "d": delay},
+                extra={"spider": self.spider},
+            )
+            self.stats.set_value(f"reliability/domain/crawl_delay/{domain}", delay)
+        self._batch.domain_updates.append(DomainUpdate(domain, delay))
+        self._schedule_flush()
+        self._wake_engine()
 
     def _pause_locally(self, domain: str, until: float) -> None:
         if until > self._paused.get(domain, 0.0):

@@ -28,7 +28,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
 from scrapy_reliability.frontier import dialect, migrate
@@ -261,6 +261,13 @@ class Frontier:
         finished (or none exists). With ``reuse_finished`` (a retry pass) the
         last generation is returned even when finished."""
         now = time.time() if now is None else now
+        try:
+            return self._open_job(name, dedup_scheme, reuse_finished, now)
+        except IntegrityError:
+            # Another worker created this generation at the same moment: join it.
+            return self._open_job(name, dedup_scheme, reuse_finished, now)
+
+    def _open_job(self, name: str, dedup_scheme: str, reuse_finished: bool, now: float) -> Job:
         with self.engine.begin() as conn:
             row = conn.execute(
                 select(jobs.c.id, jobs.c.generation, jobs.c.state, jobs.c.dedup_scheme)

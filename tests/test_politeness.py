@@ -1,0 +1,255 @@
+"""Politeness enforced in the frontier: measured at the local site from its own
+request timestamps, with one worker and with two sharing one Postgres."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scrapy.settings import Settings
+
+from scrapy_reliability.config import Config, SettingError
+from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
+from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
+from scrapy_reliability.testing.site import SiteConfig, SiteProcess, max_per_window
+from tests.crawling import Crawl, make_project, read_jsonl
+
+
+def per_host_times(log: list[dict[str, Any]]) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = defaultdict(list)
+    for entry in log:
+        if entry["page"] is not None:
+            times[entry["host"]].append(entry["t"])
+    return times
+
+
+def pages_of(path: Path) -> set[tuple[str, int]]:
+    return {(i["host"], i["page"]) for i in read_jsonl(path)}
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+def test_polite_defaults_and_what_a_project_already_set():
+    default = Config.from_settings(Settings()).politeness.default
+    assert (default.rate, default.concurrency) == (4.0, 4)
+    honoured = Config.from_settings(
+        Settings(
+            {
+                "DOWNLOAD_DELAY": 2,
+                "CONCURRENT_REQUESTS_PER_DOMAIN": 3,
+                "DOWNLOAD_SLOTS": {"slow.example": {"concurrency": 1, "delay": 5}},
+            }
+        )
+    ).politeness
+    assert (honoured.default.rate, honoured.default.concurrency) == (0.5, 3)
+    assert honoured.limits_for("slow.example") == DomainLimits(0.2, 1, 1)
+    mine = Config.from_settings(
+        Settings({"RELIABILITY_DOMAINS": {"example.com": {"rate": 0.5, "concurrency": 1}}})
+    ).politeness
+    assert mine.limits_for("www.example.com") == DomainLimits(0.5, 1, 1)
+    assert mine.limits_for("other.org") == mine.default
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"RELIABILITY_DOMAIN_RATE": -1}, "RELIABILITY_DOMAIN_RATE"),
+        ({"RELIABILITY_DOMAIN_BURST": 0}, "RELIABILITY_DOMAIN_BURST"),
+        ({"RELIABILITY_DOMAINS": {"a.com": {"speed": 1}}}, "RELIABILITY_DOMAINS"),
+        ({"RELIABILITY_DOMAINS": {"a.com": 3}}, "RELIABILITY_DOMAINS"),
+        ({"RELIABILITY_DOMAIN_JITTER": 2}, "RELIABILITY_DOMAIN_JITTER"),
+    ],
+)
+def test_bad_politeness_settings_name_the_setting(settings, named):
+    with pytest.raises(SettingError, match=named):
+        Config.from_settings(Settings(settings))
+
+
+# -- the frontier, on both backends -----------------------------------------------------------
+
+
+def _rows(domain: str, n: int, start: int = 0) -> list[NewRequest]:
+    return [
+        NewRequest(f"{domain}-{i}", 0, domain, f"http://{domain}/{i}", "{}")
+        for i in range(start, start + n)
+    ]
+
+
+def test_token_bucket_and_concurrency_cap_at_claim(frontier_url: str):
+    frontier = Frontier.connect(frontier_url)
+    try:
+        job = frontier.open_job("polite", "s").id
+        frontier.add(job, _rows("a.test", 50))
+        policy = Politeness(DomainLimits(rate=5.0, burst=2, concurrency=3))
+        now = 1000.0
+        first = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now)
+        assert len(first.rows) == 2  # the burst
+        assert frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now).rows == []
+        nothing = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now)
+        assert nothing.next_due == pytest.approx(now + 0.2, abs=0.03)
+        later = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now + 0.25)
+        assert len(later.rows) == 1
+        # Concurrency: 3 leased, the cap, whatever the tokens say.
+        capped = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now + 10)
+        assert capped.rows == []
+        frontier.write(
+            job,
+            WriteBatch(transitions=[Transition(r.id, r.token, Outcome.DONE) for r in first.rows]),
+        )
+        freed = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now + 10)
+        assert len(freed.rows) == 2
+    finally:
+        frontier.close()
+
+
+def test_a_paused_domain_persists_and_never_blocks_the_others(frontier_url: str):
+    frontier = Frontier.connect(frontier_url)
+    try:
+        job = frontier.open_job("pause", "s").id
+        frontier.add(job, _rows("paused.test", 20))  # first in line
+        frontier.add(job, _rows("free.test", 5))
+        now = time.time()
+        (first,) = frontier.claim(job, "w", 1, lease_seconds=30, now=now).rows
+        frontier.write(
+            job,
+            WriteBatch(
+                transitions=[
+                    Transition(
+                        first.id,
+                        first.token,
+                        Outcome.RESCHEDULE,
+                        payload="{}",
+                        url="http://paused.test/0",
+                        not_before=now + 3600,
+                        attempts_inc=1,
+                        domain="paused.test",
+                        pause_until=now + 3600,
+                        pause_reason="Retry-After (429)",
+                    )
+                ]
+            ),
+        )
+    finally:
+        frontier.close()
+    # A restart: a new connection sees the pause.
+    frontier = Frontier.connect(frontier_url)
+    try:
+        claimed = frontier.claim(job, "w2", 10, lease_seconds=30, now=now + 1).rows
+        assert {c.fingerprint.split("-")[0] for c in claimed} == {"free.test"}
+        assert len(claimed) == 5
+        assert frontier.claim(job, "w2", 10, lease_seconds=30, now=now + 2).next_due == (
+            pytest.approx(now + 3600)
+        )
+        resumed = frontier.claim(job, "w2", 30, lease_seconds=30, now=now + 3601).rows
+        assert len(resumed) == 20
+    finally:
+        frontier.close()
+
+
+# -- real crawls ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_rate_5_per_second_burst_1_with_one_worker(tmp_path: Path):
+    config = SiteConfig(pages=40)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        items = tmp_path / "items.jsonl"
+        crawl = Crawl(
+            make_project(tmp_path),
+            site.start_urls(),
+            f"JOBDIR={tmp_path / 'job'}",
+            f"ITEMS_PATH={items}",
+            "RELIABILITY_DOMAIN_RATE=5",
+            "RELIABILITY_DOMAIN_BURST=1",
+        )
+        assert crawl.run() == 0, crawl.log()[-2000:]
+        log = read_jsonl(site.log_path)
+    assert pages_of(items) == {(h, i) for h in config.hosts for i in range(40)}
+    worst = {host: max_per_window(times) for host, times in per_host_times(log).items()}
+    print(f"max requests per host in any 1 s window (rate 5/s, burst 1): {worst}")
+    assert max(worst.values()) <= 6
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_rate_holds_across_two_workers_on_one_postgres(tmp_path: Path, postgres_url: str):
+    config = SiteConfig(pages=40)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        project = make_project(tmp_path)
+        crawls = [
+            Crawl(
+                project,
+                site.start_urls(),
+                f"RELIABILITY_DATABASE_URL={postgres_url}",
+                "RELIABILITY_JOB=shared",
+                f"ITEMS_PATH={tmp_path / f'items{n}.jsonl'}",
+                "RELIABILITY_DOMAIN_RATE=5",
+                "RELIABILITY_DOMAIN_BURST=1",
+            )
+            for n in (1, 2)
+        ]
+        crawls[1].runs = 100  # separate log files
+        procs = [c.start() for c in crawls]
+        codes = [p.wait(timeout=300) for p in procs]
+        assert codes == [0, 0], [c.log()[-1500:] for c in crawls]
+        log = read_jsonl(site.log_path)
+    got = pages_of(tmp_path / "items1.jsonl") | pages_of(tmp_path / "items2.jsonl")
+    assert got == {(h, i) for h in config.hosts for i in range(40)}
+    # Both workers really crawled.
+    assert read_jsonl(tmp_path / "items1.jsonl") and read_jsonl(tmp_path / "items2.jsonl")
+    worst = {host: max_per_window(times) for host, times in per_host_times(log).items()}
+    print(f"two workers, max requests per host in any 1 s window: {worst}")
+    assert max(worst.values()) <= 6
+
+
+@pytest.mark.slow
+def test_strict_rate_limiter_with_retry_after_pauses_the_domain(tmp_path: Path):
+    config = SiteConfig(pages=60, host_rate=8, retry_after=3)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        items = tmp_path / "items.jsonl"
+        crawl = Crawl(
+            make_project(tmp_path),
+            site.start_urls(),
+            f"JOBDIR={tmp_path / 'job'}",
+            f"ITEMS_PATH={items}",
+            "RELIABILITY_DOMAIN_RATE=30",
+            "RELIABILITY_DOMAIN_BURST=10",
+            "RELIABILITY_MAX_ATTEMPTS=10",
+        )
+        assert crawl.run(timeout=300) == 0, crawl.log()[-2000:]
+        log = read_jsonl(site.log_path)
+        final = crawl.log()
+    assert pages_of(items) == {(h, i) for h in config.hosts for i in range(60)}
+    pausing = [e for e in log if e["status"] == 429 and not e["early"]]
+    early = [e for e in log if e["early"]]
+    print(f"429s that started a pause: {len(pausing)}; requests during a pause: {len(early)}")
+    assert pausing, "the limiter never triggered: the test proves nothing"
+    assert len(early) <= 2 * len(pausing)
+    assert "'reliability/domain/paused'" in final
+
+
+@pytest.mark.slow
+def test_robots_crawl_delay_is_a_lower_bound(tmp_path: Path):
+    config = SiteConfig(pages=20, crawl_delay=0.5)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        items = tmp_path / "items.jsonl"
+        crawl = Crawl(
+            make_project(tmp_path),
+            site.start_urls(),
+            f"JOBDIR={tmp_path / 'job'}",
+            f"ITEMS_PATH={items}",
+            "ROBOTSTXT_OBEY=True",
+            "RELIABILITY_DOMAIN_RATE=50",
+            "RELIABILITY_DOMAIN_BURST=5",
+        )
+        assert crawl.run(timeout=300) == 0, crawl.log()[-2000:]
+        log = read_jsonl(site.log_path)
+        assert "Crawl-delay 0.5" in crawl.log()
+    assert pages_of(items) == {(h, i) for h in config.hosts for i in range(20)}
+    worst = {host: max_per_window(times) for host, times in per_host_times(log).items()}
+    print(f"Crawl-delay 0.5: max requests per host in any 1 s window: {worst}")
+    assert max(worst.values()) <= 3

@@ -1093,6 +1093,7 @@ _STAT_OF = {
     Outcome.IGNORED: "ignored",
     Outcome.DEAD: "dead",
     Outcome.RESCHEDULE: "rescheduled/stored",
+    Outcome.RELEASE: "domain/released",
 }
 
 

@@ -918,7 +918,12 @@ class Scheduler(BaseScheduler):
         if exc is not None:
             self._write_failed(exc, batch, requests)
             return
-        self._absorb(future.result(), batch, requests)
+        try:
+            self._absorb(future.result(), batch, requests)
+        except Exception:
+            # A bug in the bookkeeping must not stop the write loop: the batch is
+            # committed; at worst leases are released at close and fetched again.
+            logger.exception("Error accounting for a frontier write", extra={"spider": self.spider})
         if self._batch:
             self._schedule_flush()
         self._wake_engine()

@@ -674,13 +674,13 @@ class Frontier:
                 if len(taken) >= limit or len(candidates) < want * 4 or not blocked:
                     break
                 excluded |= blocked
-            for state in states.values():
-                if state.changed:
-                    conn.execute(
-                        update(d)
-                        .where(d.c.job_id == job_id, d.c.domain == state.domain)
-                        .values(tat=state.tat)
-                    )
+            changed = [
+                {"b_job": job_id, "b_domain": st.domain, "b_tat": st.tat}
+                for st in states.values()
+                if st.changed
+            ]
+            if changed:
+                conn.execute(_SET_TAT, changed)
             if taken:
                 result = conn.execute(
                     update(requests)
@@ -999,6 +999,13 @@ class Frontier:
         with self._reading() as conn:
             return str(conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one())
 
+
+# One executemany per claim for every domain whose token bucket moved.
+_SET_TAT = (
+    update(domains)
+    .where(domains.c.job_id == bindparam("b_job"), domains.c.domain == bindparam("b_domain"))
+    .values(tat=bindparam("b_tat"))
+)
 
 # Built once: this lookup runs for every request under the standalone DupeFilter.
 _SEEN = select(fingerprints.c.fingerprint).where(

@@ -10,14 +10,18 @@ Scrapy is done with it.
 from __future__ import annotations
 
 import logging
+import re
 import time
+from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
+from scrapy.settings import BaseSettings
 from scrapy.utils.httpobj import urlparse_cached
 
+from scrapy_reliability.config import SettingError
 from scrapy_reliability.retry import Action, ErrorClass, RetryPolicy, parse_retry_after
 
 if TYPE_CHECKING:
@@ -38,21 +42,55 @@ FAILURE_META = "reliability_failure"
 class RetryMiddleware:
     """``scrapy_reliability.RetryMiddleware`` (set by the add-on at 550)."""
 
-    def __init__(self, policy: RetryPolicy, stats: StatsCollector, allowed: set[int]):
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        stats: StatsCollector,
+        allowed: set[int],
+        bans: BanDetector | None = None,
+    ):
         self.policy = policy
         self.stats = stats
         self.allowed = allowed
+        self.bans = bans or BanDetector()
         self._bad_retry_after_logged: set[str] = set()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         assert crawler.stats is not None
         allowed = {int(s) for s in crawler.settings.getlist("HTTPERROR_ALLOWED_CODES")}
-        return cls(RetryPolicy.from_settings(crawler.settings), crawler.stats, allowed)
+        return cls(
+            RetryPolicy.from_settings(crawler.settings),
+            crawler.stats,
+            allowed,
+            BanDetector.from_settings(crawler.settings),
+        )
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
         if request.meta.get("dont_retry") or self._handled_by_spider(request, response.status):
             return response
+        ban = self.bans.check(urlparse_cached(request).hostname or "", response)
+        if ban is not None:
+            self.stats.inc_value(f"reliability/ban/{ban}")
+            logger.warning(
+                "Ban signal from %(domain)s (%(signal)s on %(url)s): pausing the domain for "
+                "%(s).0f s for every worker and halving its rate",
+                {
+                    "domain": urlparse_cached(request).hostname,
+                    "signal": ban,
+                    "url": request.url,
+                    "s": self.bans.pause_seconds,
+                },
+            )
+            retry = self._failed(
+                request,
+                ErrorClass.THROTTLED,
+                status=response.status,
+                error=f"ban signal: {ban}",
+                retry_after=self.bans.pause_seconds,
+                slow_down=True,
+            )
+            return retry if retry is not None else response
         header = response.headers.get(b"Retry-After")
         error_class = self.policy.classify_status(
             response.status, has_retry_after=header is not None
@@ -95,6 +133,7 @@ class RetryMiddleware:
         status: int | None,
         error: str,
         retry_after: float | None = None,
+        slow_down: bool = False,
     ) -> Request | None:
         policy = self.policy.with_overrides(request.meta)
         attempts = int(request.meta.get(ATTEMPTS_META, 0)) + 1
@@ -129,7 +168,7 @@ class RetryMiddleware:
                 # moment as this retry's not_before: one mechanism, not two).
                 "pause_until": not_before if retry_after is not None else None,
                 # A 429 halves the domain's adaptive rate.
-                "slow_down": status == 429,
+                "slow_down": slow_down or status == 429,
             }
             return retry
         self.stats.inc_value(f"reliability/gave_up/{cls}")
@@ -162,3 +201,65 @@ def failure_of(request: Request) -> dict[str, Any] | None:
     """The failure the middleware recorded on a request it gave up on."""
     value = request.meta.get(FAILURE_META)
     return value if isinstance(value, dict) else None
+
+
+class BanDetector:
+    """Signs that a site started refusing us while still answering: a jump in 403s,
+    challenge pages (``RELIABILITY_BAN_PATTERNS``, regular expressions matched
+    against the start of 200 bodies) and empty 200 bodies. A detected ban pauses
+    the domain for ``RELIABILITY_BAN_PAUSE_SECONDS`` and halves its rate; the
+    response is retried as throttled."""
+
+    WINDOW = 20
+    MIN_403 = 5
+
+    def __init__(
+        self,
+        patterns: list[re.Pattern[bytes]] | None = None,
+        pause_seconds: float = 60.0,
+        share_403: float = 0.5,
+    ):
+        self.patterns = patterns or []
+        self.pause_seconds = pause_seconds
+        self.share_403 = share_403
+        self._recent: dict[str, deque[int]] = defaultdict(lambda: deque(maxlen=self.WINDOW))
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> BanDetector:
+        patterns = []
+        for raw in settings.getlist("RELIABILITY_BAN_PATTERNS"):
+            try:
+                patterns.append(re.compile(str(raw).encode(), re.IGNORECASE))
+            except re.error as exc:
+                raise SettingError(
+                    f"RELIABILITY_BAN_PATTERNS has an invalid regular expression {raw!r}: {exc}."
+                ) from None
+        pause = settings.getfloat("RELIABILITY_BAN_PAUSE_SECONDS", 60.0)
+        share = settings.getfloat("RELIABILITY_BAN_403_SHARE", 0.5)
+        if pause < 0 or not 0 < share <= 1:
+            raise SettingError(
+                "RELIABILITY_BAN_PAUSE_SECONDS must be >= 0 and RELIABILITY_BAN_403_SHARE "
+                "between 0 and 1."
+            )
+        return cls(patterns, pause, share)
+
+    def check(self, domain: str, response: Response) -> str | None:
+        """The ban signal this response shows, if any."""
+        recent = self._recent[domain]
+        recent.append(response.status)
+        if response.status == 403:
+            count = sum(1 for status in recent if status == 403)
+            if count >= self.MIN_403 and count / len(recent) >= self.share_403:
+                return "403_share"
+            return None
+        if response.status != 200:
+            return None
+        body = response.body
+        if not body:
+            kind = response.headers.get(b"Content-Type", b"text/html") or b"text/html"
+            return "empty_body" if b"html" in kind.lower() else None
+        head = body[:65536]
+        for pattern in self.patterns:
+            if pattern.search(head):
+                return "challenge"
+        return None

@@ -498,7 +498,15 @@ class Scheduler(BaseScheduler):
         if pause_until:
             self._pause_locally(lease.domain, float(pause_until))
         if slow_down:
+            if lease.domain not in self._slowed:
+                logger.info(
+                    "Halving the request rate of %(domain)s (%(why)s); it recovers slowly "
+                    "while requests succeed",
+                    {"domain": lease.domain, "why": failure.get("error")},
+                    extra={"spider": self.spider},
+                )
             self._slowed[lease.domain] = time.time()
+            self.stats.inc_value("reliability/domain/slowed")
         self._batch.transitions.append(
             Transition(
                 lease.task_id,

@@ -253,3 +253,34 @@ def test_robots_crawl_delay_is_a_lower_bound(tmp_path: Path):
     worst = {host: max_per_window(times) for host, times in per_host_times(log).items()}
     print(f"Crawl-delay 0.5: max requests per host in any 1 s window: {worst}")
     assert max(worst.values()) <= 3
+
+
+def test_ban_signals():
+    from scrapy.http import HtmlResponse, Request, TextResponse
+
+    from scrapy_reliability.middlewares import BanDetector
+
+    detector = BanDetector.from_settings(
+        Settings({"RELIABILITY_BAN_PATTERNS": ["verify you are human"]})
+    )
+
+    def response(status: int, body: bytes = b"<html>ok</html>", cls: type = HtmlResponse):
+        return cls("http://a.test/", status=status, body=body, request=Request("http://a.test/"))
+
+    assert detector.check("a.test", response(200)) is None
+    assert detector.check("a.test", response(200, b"<p>Please verify you are HUMAN</p>")) == (
+        "challenge"
+    )
+    assert detector.check("a.test", response(200, b"")) == "empty_body"
+    # An empty JSON answer is not a ban.
+    empty_json = TextResponse(
+        "http://a.test/api", status=200, body=b"", headers={"Content-Type": "application/json"}
+    )
+    assert detector.check("a.test", empty_json) is None
+    # 403s: a few are normal, a jump is a ban; per domain.
+    for _ in range(4):
+        assert detector.check("b.test", response(403)) is None
+    assert detector.check("b.test", response(403)) == "403_share"
+    assert detector.check("c.test", response(403)) is None
+    with pytest.raises(SettingError, match="RELIABILITY_BAN_PATTERNS"):
+        BanDetector.from_settings(Settings({"RELIABILITY_BAN_PATTERNS": ["(unclosed"]}))

@@ -7,7 +7,10 @@ the cost of the politeness machinery, not of waiting), acking each batch. Report
 rows claimed per second for both and their ratio; the acceptance criterion is
 many-domains >= 0.5x one-domain ("within 2x"). Same run, interleaved, medians.
 
-    python bench/claim_domains.py [--rows 100000] [--repeat 3] [--postgres URL]
+    python bench/claim_domains.py [--rows 100000] [--repeat 3] [--postgres SERVER_URL]
+
+With --postgres (a server URL such as postgresql+psycopg://postgres@127.0.0.1/postgres)
+each case runs in a database of its own, created and dropped by the benchmark.
 """
 
 from __future__ import annotations
@@ -58,6 +61,25 @@ def run_case(url: str, domains: int, rows: int, batch: int) -> float:
         frontier.close()
 
 
+def scratch_database(server_url: str) -> tuple[str, object]:
+    """Create an empty database on the server; return its URL and a dropper."""
+    import uuid
+
+    from sqlalchemy import create_engine, make_url, text
+
+    name = f"bench_claim_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False), drop
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
@@ -75,8 +97,15 @@ def main() -> int:
         many: list[float] = []
         for _ in range(args.repeat):
             for domains, into in ((1, single), (args.domains, many)):
-                url = pg_url or f"sqlite:///{Path(tempfile.mkdtemp()) / 'claim.sqlite'}"
-                into.append(run_case(url, domains, args.rows, args.batch))
+                if pg_url:
+                    url, drop = scratch_database(pg_url)
+                    try:
+                        into.append(run_case(url, domains, args.rows, args.batch))
+                    finally:
+                        drop()  # type: ignore[operator]
+                else:
+                    url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'claim.sqlite'}"
+                    into.append(run_case(url, domains, args.rows, args.batch))
         one, lots = statistics.median(single), statistics.median(many)
         ratio = lots / one
         print(f"{backend}: 1 domain x {args.rows}: {one:,.0f} rows/s claimed+acked (median)")

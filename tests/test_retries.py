@@ -136,10 +136,22 @@ def test_both_retry_after_forms_are_honoured(tmp_path: Path):
 
 
 def test_retry_scheduled_30s_ahead_survives_kill_9(tmp_path: Path):
-    """Neither early nor forgotten after a restart."""
-    config = SiteConfig(pages=30, fault_rate=0.3, faults=("429",), retry_after=30, seed=9)
+    """Neither early nor forgotten after a restart.
+
+    Retry-After also pauses the whole host, so each host gets exactly one throttled
+    page, a leaf of its tree of 7 pages: one 30 s pause per host."""
+    config = next(
+        c
+        for seed in range(10_000)
+        if (c := SiteConfig(pages=7, fault_rate=0.25, faults=("429",), retry_after=30, seed=seed))
+        and all(
+            [page_fault(c, h, i) for i in range(7)].count("429") == 1
+            and not any(page_fault(c, h, i) for i in range(3))
+            for h in c.hosts
+        )
+    )
     throttled = faulty(config, "429")
-    assert throttled
+    assert len(throttled) == 3
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
         jobdir = tmp_path / "job"
         items = tmp_path / "items.jsonl"
@@ -165,7 +177,7 @@ def test_retry_scheduled_30s_ahead_survives_kill_9(tmp_path: Path):
             assert parked[page]["error_class"] == "throttled"
         assert crawl.run(timeout=120) == 0, crawl.log()[-2000:]
         log = read_jsonl(site.log_path)
-    assert pages_of(read_jsonl(items)) == {(h, i) for h in config.hosts for i in range(30)}
+    assert pages_of(read_jsonl(items)) == {(h, i) for h in config.hosts for i in range(7)}
     assert not any(e["early"] for e in log)
     firsts: dict[tuple[str, int], list[float]] = defaultdict(list)
     for entry in log:

@@ -105,13 +105,13 @@ class Config:
             job=str(job) if job else None,
             lease_seconds=lease,
             heartbeat_seconds=heartbeat,
-            claim_batch=_positive_int(settings, "RELIABILITY_CLAIM_BATCH", cls.claim_batch),
+            claim_batch=positive_int(settings, "RELIABILITY_CLAIM_BATCH", cls.claim_batch),
             order=order,
             auto_migrate=_bool(settings, "RELIABILITY_AUTO_MIGRATE", cls.auto_migrate),
             sqlite_busy_timeout=_positive_float(
                 settings, "RELIABILITY_SQLITE_BUSY_TIMEOUT", cls.sqlite_busy_timeout
             ),
-            dedup_cache_size=_positive_int(
+            dedup_cache_size=positive_int(
                 settings, "RELIABILITY_DEDUP_CACHE_SIZE", cls.dedup_cache_size
             ),
             dead_letter_items=_bool(
@@ -120,7 +120,7 @@ class Config:
             retry_pass=RetryPass.from_setting(settings.get("RELIABILITY_RETRY_PASS")),
             politeness=politeness_from_settings(settings),
             max_in_flight=(
-                _positive_int(settings, "RELIABILITY_MAX_IN_FLIGHT", 1)
+                positive_int(settings, "RELIABILITY_MAX_IN_FLIGHT", 1)
                 if settings.get("RELIABILITY_MAX_IN_FLIGHT") is not None
                 else None
             ),
@@ -139,12 +139,12 @@ def politeness_from_settings(settings: BaseSettings) -> Politeness:
     delay = settings.getfloat("DOWNLOAD_DELAY")
     if delay > 0 and (settings.getpriority("DOWNLOAD_DELAY") or 0) > 0:
         default_rate = 1.0 / delay
-    rate = _nonnegative_float(settings, "RELIABILITY_DOMAIN_RATE", default_rate)
+    rate = nonnegative_float(settings, "RELIABILITY_DOMAIN_RATE", default_rate)
     default_concurrency = DEFAULT_DOMAIN_CONCURRENCY
     if (settings.getpriority("CONCURRENT_REQUESTS_PER_DOMAIN") or 0) > 0:
         default_concurrency = settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")
     concurrency = _nonnegative_int(settings, "RELIABILITY_DOMAIN_CONCURRENCY", default_concurrency)
-    burst = _positive_int(settings, "RELIABILITY_DOMAIN_BURST", max(1, int(rate)))
+    burst = positive_int(settings, "RELIABILITY_DOMAIN_BURST", max(1, int(rate)))
     default = DomainLimits(rate=rate, burst=burst, concurrency=concurrency)
     overrides: dict[str, DomainLimits] = {}
     for slot, slot_options in settings.getdict("DOWNLOAD_SLOTS").items():
@@ -182,25 +182,25 @@ def politeness_from_settings(settings: BaseSettings) -> Politeness:
                 f"burst >= 1 (got {options!r})."
             )
         overrides[str(domain).lower()] = DomainLimits(d_rate, d_burst, d_conc)
-    jitter = _nonnegative_float(settings, "RELIABILITY_DOMAIN_JITTER", 0.1)
+    jitter = nonnegative_float(settings, "RELIABILITY_DOMAIN_JITTER", 0.1)
     if jitter > 1:
         raise SettingError(f"RELIABILITY_DOMAIN_JITTER must be between 0 and 1 (got {jitter}).")
     return Politeness(
         default=default,
         overrides=overrides,
         jitter=jitter,
-        slow_start=_nonnegative_float(settings, "RELIABILITY_DOMAIN_SLOW_START_SECONDS", 0.0),
+        slow_start=nonnegative_float(settings, "RELIABILITY_DOMAIN_SLOW_START_SECONDS", 0.0),
     )
 
 
-def _nonnegative_float(settings: BaseSettings, name: str, default: float) -> float:
+def nonnegative_float(settings: BaseSettings, name: str, default: float) -> float:
     raw = _raw(settings, name, default)
     try:
         value = float(raw)
     except (TypeError, ValueError):
         raise SettingError(f"{name} must be a number (got {raw!r}).") from None
-    if value < 0 or math.isnan(value):
-        raise SettingError(f"{name} must be 0 or more (got {raw!r}).")
+    if value < 0 or math.isnan(value) or math.isinf(value):
+        raise SettingError(f"{name} must be a finite number, 0 or more (got {raw!r}).")
     return value
 
 
@@ -231,7 +231,7 @@ def _positive_float(settings: BaseSettings, name: str, default: float) -> float:
     return value
 
 
-def _positive_int(settings: BaseSettings, name: str, default: int) -> int:
+def positive_int(settings: BaseSettings, name: str, default: int) -> int:
     raw = _raw(settings, name, default)
     try:
         value = int(raw)

@@ -31,7 +31,7 @@ from typing import Any
 
 from scrapy.settings import BaseSettings
 
-from scrapy_reliability.config import SettingError
+from scrapy_reliability.config import SettingError, nonnegative_float, positive_int
 
 
 class ErrorClass(str, enum.Enum):
@@ -162,10 +162,14 @@ class RetryPolicy:
             else:
                 classes[status] = ErrorClass(name)
         policy = cls(
-            max_attempts=_int(settings, "RELIABILITY_MAX_ATTEMPTS", cls.max_attempts),
-            backoff_base=_float(settings, "RELIABILITY_BACKOFF_BASE_SECONDS", cls.backoff_base),
-            backoff_max=_float(settings, "RELIABILITY_BACKOFF_MAX_SECONDS", cls.backoff_max),
-            retry_after_max=_float(
+            max_attempts=positive_int(settings, "RELIABILITY_MAX_ATTEMPTS", cls.max_attempts),
+            backoff_base=nonnegative_float(
+                settings, "RELIABILITY_BACKOFF_BASE_SECONDS", cls.backoff_base
+            ),
+            backoff_max=nonnegative_float(
+                settings, "RELIABILITY_BACKOFF_MAX_SECONDS", cls.backoff_max
+            ),
+            retry_after_max=nonnegative_float(
                 settings, "RELIABILITY_RETRY_AFTER_MAX_SECONDS", cls.retry_after_max
             ),
             status_classes=classes,
@@ -262,29 +266,3 @@ class RetryPolicy:
 
 # Marks a status configured as "ok" (not a failure) in status_classes.
 _OK: Any = object()
-
-
-def _int(settings: BaseSettings, name: str, default: int) -> int:
-    raw = settings.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise SettingError(f"{name} must be a whole number (got {raw!r}).") from None
-    if value < 1:
-        raise SettingError(f"{name} must be at least 1 (got {raw!r}).")
-    return value
-
-
-def _float(settings: BaseSettings, name: str, default: float) -> float:
-    raw = settings.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise SettingError(f"{name} must be a number of seconds (got {raw!r}).") from None
-    if not value >= 0 or math.isinf(value):
-        raise SettingError(f"{name} must be a finite number >= 0 (got {raw!r}).")
-    return value

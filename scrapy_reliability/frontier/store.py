@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import (
     Connection,
@@ -760,15 +761,7 @@ class Frontier:
             ).all()
         )
         for row in rows:
-            into[row.domain] = DomainState(
-                row.domain,
-                row.tat,
-                row.paused_until,
-                row.crawl_delay,
-                row.rate_factor,
-                row.created_at,
-                leased=leased.get(row.domain, 0),
-            )
+            into[row.domain] = _domain_state(row, leased.get(row.domain, 0))
 
     def _ensure_domains(
         self, conn: Connection, job_id: int, names: Iterable[str], now: float
@@ -817,14 +810,7 @@ class Frontier:
             )
         ).all()
         for row in known:
-            states[row.domain] = DomainState(
-                row.domain,
-                row.tat,
-                row.paused_until,
-                row.crawl_delay,
-                row.rate_factor,
-                row.created_at,
-            )
+            states[row.domain] = _domain_state(row)
         soonest: float | None = None
         for row in rows:
             start = float(row.due)
@@ -1012,6 +998,19 @@ _SEEN = select(fingerprints.c.fingerprint).where(
     fingerprints.c.job_id == bindparam("job_id"),
     fingerprints.c.fingerprint == bindparam("fingerprint"),
 )
+
+
+def _domain_state(row: Any, leased: int = 0) -> DomainState:
+    """A ``reliability_domains`` row as the claim works with it."""
+    return DomainState(
+        row.domain,
+        row.tat,
+        row.paused_until,
+        row.crawl_delay,
+        row.rate_factor,
+        row.created_at,
+        leased=leased,
+    )
 
 
 def _cleared_lease(state: str, now: float) -> dict[str, object]:

@@ -1037,7 +1037,7 @@ class Scheduler(BaseScheduler):
             )
         if inserted or result.settled:
             # New rows, rows back to pending, or leases freed under a domain's cap.
-            self._idle_until = min(self._idle_until, time.time() + 0.05) if not inserted else 0.0
+            self._idle_until = 0.0
             self._maybe_pending = True
 
     def _forget(self, task_id: int, token: str) -> None:

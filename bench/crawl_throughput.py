@@ -1,0 +1,238 @@
+"""Crawl throughput: the same crawl of the local test site with Scrapy's stock scheduler
+and with scrapy-reliability, as real ``scrapy crawl`` processes, interleaved.
+
+Variants (``--variants``, comma-separated, default all):
+
+* ``stock-memory``         ADDONS = {}, Scrapy's scheduler and RFPDupeFilter, no JOBDIR
+* ``stock-jobdir``         the same with JOBDIR (pickled disk queues, requests.seen)
+* ``reliability-sqlite``   ADDONS = {"scrapy_reliability.Addon": 0}, JOBDIR (SQLite frontier)
+* ``reliability-postgres`` the add-on with RELIABILITY_DATABASE_URL = a fresh PostgreSQL
+                           database (created before, dropped after each run)
+
+Every run crawls 3 hosts x ``--pages`` pages (no faults, latency 0); the spider yields one
+item per page and follows every link; no item pipeline. scrapy-reliability's per-domain
+politeness is off (bench/benchproj/settings.py: RELIABILITY_DOMAIN_RATE = 0,
+RELIABILITY_DOMAIN_CONCURRENCY = 0), so both sides run under Scrapy's own
+CONCURRENT_REQUESTS(_PER_DOMAIN) limits. The package is snapshotted at start (it is
+installed editable and may change while the benchmark runs). pages/s is the crawl's own
+``response_received_count / elapsed_time_seconds`` from its final stats; peak RSS is the
+child's ``ru_maxrss`` (os.wait4); CPU is the child's user+system time.
+Round r runs the variants in an order rotated by r, so no variant always goes first.
+
+Exit status 1 if any crawl fails (exit status, finish_reason, ERROR log lines) or loses
+pages (item_scraped_count != 3 x pages).
+
+    python bench/crawl_throughput.py [--pages 2000] [--repeat 3] [--variants ...]
+        [--json results.json] [--pg-admin-url postgresql://postgres@127.0.0.1:5432/postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    PG_ADMIN_URL,
+    PostgresDatabase,
+    machine_line,
+    median,
+    run_crawl,
+    sigterm_raises,
+    snapshot_package,
+)
+
+VARIANTS = ("stock-memory", "stock-jobdir", "reliability-sqlite", "reliability-postgres")
+BASELINE = "stock-memory"
+
+
+def run_variant(
+    variant: str,
+    *,
+    root: Path,
+    start_urls: list[str],
+    round_no: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    tag = f"{variant}-r{round_no}"
+    workdir = root / tag
+    settings = {"CONCURRENT_ITEMS": str(args.concurrent_items), "LOG_LEVEL": "INFO"}
+    reliability = variant.startswith("reliability")
+    if variant in ("stock-jobdir", "reliability-sqlite"):
+        settings["JOBDIR"] = str(workdir / "jobdir")
+    db: PostgresDatabase | None = None
+    if variant == "reliability-postgres":
+        db = PostgresDatabase(f"bench_tp_{os.getpid()}_{round_no}", args.pg_admin_url)
+        db.__enter__()
+        settings["RELIABILITY_DATABASE_URL"] = db.url
+    try:
+        res = run_crawl(
+            "pages",
+            workdir=workdir,
+            reliability=reliability,
+            spider_args={"start": ",".join(start_urls)},
+            settings=settings,
+            timeout=args.timeout,
+            tag=tag,
+        )
+    finally:
+        if db is not None:
+            db.__exit__(None, None, None)
+    st = res.stats
+    expected = 3 * args.pages
+    responses = int(st.get("response_received_count", 0))
+    elapsed = float(st.get("elapsed_time_seconds", 0) or 0)
+    items = int(st.get("item_scraped_count", 0))
+    problems = []
+    if res.timed_out:
+        problems.append(f"timed out after {args.timeout:g} s")
+    if res.exit_code != 0:
+        problems.append(f"exit status {res.exit_code}")
+    if st.get("finish_reason") != "finished":
+        problems.append(f"finish_reason {st.get('finish_reason')!r}")
+    if st.get("log_count/ERROR"):
+        problems.append(f"{st['log_count/ERROR']} ERROR log lines")
+    if items != expected:
+        problems.append(f"items {items} != pages {expected}")
+    return {
+        "variant": variant,
+        "round": round_no,
+        "pages_per_s": responses / elapsed if elapsed > 0 else 0.0,
+        "responses": responses,
+        "items": items,
+        "elapsed_s": elapsed,
+        "wall_s": res.wall_seconds,
+        "cpu_s": res.cpu_seconds,
+        "cpu_ms_per_page": 1000 * res.cpu_seconds / responses if responses else 0.0,
+        "peak_rss_mb": res.maxrss_mb,
+        "ok": not problems,
+        "problems": problems,
+        "log": str(res.log_path),
+        "log_tail": "" if not problems else res.log_tail(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pages", type=int, default=2000, help="pages per host (3 hosts)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--json", type=Path, help="write all results here")
+    parser.add_argument("--concurrent-items", type=int, default=8)
+    parser.add_argument("--timeout", type=float, default=900.0, help="per crawl, seconds")
+    parser.add_argument("--pg-admin-url", default=PG_ADMIN_URL)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args(argv)
+    sigterm_raises()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+
+    root = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
+    code = snapshot_package(root)
+    from scrapy_reliability.testing.site import SiteConfig, SiteProcess
+
+    runs: list[dict[str, Any]] = []
+    print(
+        f"# crawl_throughput: {machine_line()}; {code}; 3 hosts x {args.pages} pages; "
+        f"CONCURRENT_ITEMS={args.concurrent_items}; "
+        f"repeat {args.repeat}; work dir {root}"
+    )
+    t0 = time.monotonic()
+    try:
+        with SiteProcess(SiteConfig(pages=args.pages)) as site:
+            start_urls = site.start_urls()
+            for r in range(args.repeat):
+                k = r % len(variants)
+                for variant in variants[k:] + variants[:k]:
+                    run = run_variant(
+                        variant, root=root, start_urls=start_urls, round_no=r, args=args
+                    )
+                    runs.append(run)
+                    flag = "ok" if run["ok"] else "FAILED: " + "; ".join(run["problems"])
+                    print(
+                        f"  round {r} {variant:22s} {run['pages_per_s']:7.1f} pages/s  "
+                        f"{run['elapsed_s']:6.1f} s  cpu {run['cpu_ms_per_page']:5.2f} ms/page  "
+                        f"peak RSS {run['peak_rss_mb']:6.1f} MB  {flag}",
+                        flush=True,
+                    )
+                    if not run["ok"]:
+                        print(run["log_tail"], file=sys.stderr)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+    summary: dict[str, dict[str, float]] = {}
+    for v in variants:
+        mine = [x for x in runs if x["variant"] == v and x["ok"]]
+        summary[v] = {
+            "median_pages_per_s": median([x["pages_per_s"] for x in mine]),
+            "median_peak_rss_mb": median([x["peak_rss_mb"] for x in mine]),
+            "median_cpu_ms_per_page": median([x["cpu_ms_per_page"] for x in mine]),
+            "runs_ok": len(mine),
+        }
+    base = summary.get(BASELINE, {}).get("median_pages_per_s", float("nan"))
+    print()
+    print(
+        f"{'variant':22s} {'pages/s':>9s} {'ratio':>6s} {'cpu ms/page':>12s} "
+        f"{'peak RSS MB':>12s} {'ok runs':>8s}"
+    )
+    for v in variants:
+        s = summary[v]
+        ratio = s["median_pages_per_s"] / base if base else float("nan")
+        s["ratio_to_baseline"] = ratio
+        print(
+            f"{v:22s} {s['median_pages_per_s']:9.1f} {ratio:6.2f} "
+            f"{s['median_cpu_ms_per_page']:12.2f} {s['median_peak_rss_mb']:12.1f} "
+            f"{s['runs_ok']:8d}"
+        )
+    print()
+    if BASELINE in variants:
+        for v in variants:
+            if v == BASELINE:
+                continue
+            paired = []
+            for r in range(args.repeat):
+                a = [x for x in runs if x["variant"] == BASELINE and x["round"] == r and x["ok"]]
+                b = [x for x in runs if x["variant"] == v and x["round"] == r and x["ok"]]
+                if a and b and a[0]["pages_per_s"]:
+                    paired.append(b[0]["pages_per_s"] / a[0]["pages_per_s"])
+            summary[v]["paired_ratios"] = paired  # type: ignore[assignment]
+            print(
+                f"ratio {v} / {BASELINE} = {summary[v]['ratio_to_baseline']:.2f}"
+                f"  (per round: {' '.join(f'{p:.2f}' for p in paired)})"
+            )
+    print(f"# total {time.monotonic() - t0:.0f} s")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": machine_line(),
+                    "pages_per_host": args.pages,
+                    "repeat": args.repeat,
+                    "code": code,
+                    "concurrent_items": args.concurrent_items,
+                    "summary": summary,
+                    "runs": runs,
+                },
+                indent=1,
+            )
+        )
+    failed = [x for x in runs if not x["ok"]]
+    if failed:
+        print(f"{len(failed)} crawl(s) failed or lost pages", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -413,6 +413,11 @@ class Scheduler(BaseScheduler):
             # A child built with the parent's meta: it is a new request.
             del request.meta[TASK_META]
         assert self.spider is not None
+        key = self._key_for(request)
+        # Most links of a crawl are duplicates: drop them before serializing anything.
+        if key in self.dupefilter.recent or key in self._batch_requests:
+            self.dupefilter.log(request, self.spider)
+            return False
         try:
             payload = request_to_payload(request, self.spider)
         except UnserializableRequest as exc:
@@ -422,10 +427,6 @@ class Scheduler(BaseScheduler):
                 extra={"spider": self.spider},
             )
             self.stats.inc_value("reliability/refused/unserializable")
-            return False
-        key = self._key_for(request)
-        if key in self.dupefilter.recent or key in self._batch_requests:
-            self.dupefilter.log(request, self.spider)
             return False
         self.dupefilter.recent.add(key)
         self._batch.inserts.append(

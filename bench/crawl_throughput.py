@@ -16,7 +16,8 @@ RELIABILITY_DOMAIN_CONCURRENCY = 0), so both sides run under Scrapy's own
 CONCURRENT_REQUESTS(_PER_DOMAIN) limits. The package is snapshotted at start (it is
 installed editable and may change while the benchmark runs). pages/s is the crawl's own
 ``response_received_count / elapsed_time_seconds`` from its final stats; peak RSS is the
-child's ``ru_maxrss`` (os.wait4); CPU is the child's user+system time.
+child's ``ru_maxrss`` (os.wait4); CPU is the child's user+system time, also split by
+thread (main / the frontier's database thread) by benchproj/threadcpu.py.
 Round r runs the variants in an order rotated by r, so no variant always goes first.
 
 Exit status 1 if any crawl fails (exit status, finish_reason, ERROR log lines) or loses
@@ -52,6 +53,10 @@ from _common import (
 
 VARIANTS = ("stock-memory", "stock-jobdir", "reliability-sqlite", "reliability-postgres")
 BASELINE = "stock-memory"
+
+
+def per_page(cpu_seconds: float | None, responses: int) -> float:
+    return 1000 * float(cpu_seconds or 0.0) / responses if responses else 0.0
 
 
 def run_variant(
@@ -112,6 +117,9 @@ def run_variant(
         "wall_s": res.wall_seconds,
         "cpu_s": res.cpu_seconds,
         "cpu_ms_per_page": 1000 * res.cpu_seconds / responses if responses else 0.0,
+        # Per-thread CPU (benchproj/threadcpu.py); includes start-up for the main thread.
+        "main_cpu_ms_per_page": per_page(st.get("bench/thread_cpu_s/main"), responses),
+        "db_cpu_ms_per_page": per_page(st.get("bench/thread_cpu_s/reliability-db"), responses),
         "peak_rss_mb": res.maxrss_mb,
         "ok": not problems,
         "problems": problems,
@@ -161,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                     flag = "ok" if run["ok"] else "FAILED: " + "; ".join(run["problems"])
                     print(
                         f"  round {r} {variant:22s} {run['pages_per_s']:7.1f} pages/s  "
-                        f"{run['elapsed_s']:6.1f} s  cpu {run['cpu_ms_per_page']:5.2f} ms/page  "
+                        f"{run['elapsed_s']:6.1f} s  cpu {run['cpu_ms_per_page']:5.2f} ms/page "
+                        f"(db thread {run['db_cpu_ms_per_page']:4.2f})  "
                         f"peak RSS {run['peak_rss_mb']:6.1f} MB  {flag}",
                         flush=True,
                     )
@@ -178,13 +187,15 @@ def main(argv: list[str] | None = None) -> int:
             "median_pages_per_s": median([x["pages_per_s"] for x in mine]),
             "median_peak_rss_mb": median([x["peak_rss_mb"] for x in mine]),
             "median_cpu_ms_per_page": median([x["cpu_ms_per_page"] for x in mine]),
+            "median_main_cpu_ms_per_page": median([x["main_cpu_ms_per_page"] for x in mine]),
+            "median_db_cpu_ms_per_page": median([x["db_cpu_ms_per_page"] for x in mine]),
             "runs_ok": len(mine),
         }
     base = summary.get(BASELINE, {}).get("median_pages_per_s", float("nan"))
     print()
     print(
         f"{'variant':22s} {'pages/s':>9s} {'ratio':>6s} {'cpu ms/page':>12s} "
-        f"{'peak RSS MB':>12s} {'ok runs':>8s}"
+        f"{'(main':>6s} {'db)':>5s} {'peak RSS MB':>12s} {'ok runs':>8s}"
     )
     for v in variants:
         s = summary[v]
@@ -192,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         s["ratio_to_baseline"] = ratio
         print(
             f"{v:22s} {s['median_pages_per_s']:9.1f} {ratio:6.2f} "
-            f"{s['median_cpu_ms_per_page']:12.2f} {s['median_peak_rss_mb']:12.1f} "
+            f"{s['median_cpu_ms_per_page']:12.2f} {s['median_main_cpu_ms_per_page']:6.2f} "
+            f"{s['median_db_cpu_ms_per_page']:5.2f} {s['median_peak_rss_mb']:12.1f} "
             f"{s['runs_ok']:8d}"
         )
     print()

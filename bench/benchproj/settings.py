@@ -28,3 +28,5 @@ STATS_CLASS = "benchproj.stats.JsonStatsCollector"
 # polite defaults of 4 requests/s per domain would otherwise be what is measured).
 RELIABILITY_DOMAIN_RATE = 0
 RELIABILITY_DOMAIN_CONCURRENCY = 0
+# Per-thread CPU time into the final stats (bench/thread_cpu_s/...), every variant.
+EXTENSIONS = {"benchproj.threadcpu.ThreadCPU": 0}

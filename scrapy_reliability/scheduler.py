@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
+from pydispatch import dispatcher  # type: ignore[import-untyped]
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.exceptions import IgnoreRequest
@@ -44,6 +45,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
 from scrapy_reliability import _feeds, _jobs
+from scrapy_reliability import signals as reliability_signals
 from scrapy_reliability._executor import DatabaseThread, the_reactor
 from scrapy_reliability.config import Config
 from scrapy_reliability.dupefilter import DupeFilter
@@ -116,6 +118,7 @@ class _Lease:
     url: str = ""
     method: str = "GET"
     domain: str = ""
+    claimed_at: float = 0.0
 
 
 class Scheduler(BaseScheduler):
@@ -717,7 +720,7 @@ class Scheduler(BaseScheduler):
 
     def _take(self, row: Claimed) -> None:
         assert self.spider is not None
-        lease = _Lease(row.id, row.token, row.fingerprint, _Stage.READY)
+        lease = _Lease(row.id, row.token, row.fingerprint, _Stage.READY, claimed_at=time.time())
         self._leases[row.id] = lease
         try:
             request = payload_to_request(row.payload, self.spider)
@@ -1024,15 +1027,18 @@ class Scheduler(BaseScheduler):
                     self.dupefilter.log(request, self.spider)
         inserted = len(result.inserted)
         self.stats.inc_value("reliability/stored", inserted)
-        outcomes = {tr.task_id: tr.outcome for tr in batch.transitions}
-        tokens = {tr.task_id: tr.token for tr in batch.transitions}
+        transitions = {tr.task_id: tr for tr in batch.transitions}
+        watched = self._settled_watched()
         for task_id in result.settled:
-            self._forget(task_id, tokens[task_id])
-            self.stats.inc_value(f"reliability/{_STAT_OF[outcomes[task_id]]}")
+            tr = transitions[task_id]
+            lease = self._forget(task_id, tr.token)
+            self.stats.inc_value(f"reliability/{_STAT_OF[tr.outcome]}")
+            if watched and lease is not None:
+                self._send_settled(lease, tr)
         if result.lost:
             self.stats.inc_value("reliability/lease/lost", len(result.lost))
             for task_id in result.lost:
-                self._forget(task_id, tokens[task_id])
+                self._forget(task_id, transitions[task_id].token)
             logger.warning(
                 "%(error)s", {"error": LeaseLost(result.lost)}, extra={"spider": self.spider}
             )
@@ -1041,12 +1047,42 @@ class Scheduler(BaseScheduler):
             self._idle_until = 0.0
             self._maybe_pending = True
 
-    def _forget(self, task_id: int, token: str) -> None:
+    def _forget(self, task_id: int, token: str) -> _Lease | None:
         # The row may already be claimed again under a new lease (a claim result can
         # be handled before the callback of the write that freed the row).
         lease = self._leases.get(task_id)
         if lease is not None and lease.token == token:
             del self._leases[task_id]
+            return lease
+        return None
+
+    def _settled_watched(self) -> bool:
+        return bool(
+            dispatcher.getAllReceivers(dispatcher.Any, reliability_signals.request_settled)
+            or dispatcher.getAllReceivers(self.crawler, reliability_signals.request_settled)
+        )
+
+    def _send_settled(self, lease: _Lease, tr: Transition) -> None:
+        if tr.outcome is Outcome.RESCHEDULE:
+            outcome = "retry" if tr.attempts_inc else "redirect"
+        elif tr.outcome is Outcome.RELEASE:
+            outcome = "released"
+        else:
+            outcome = tr.outcome.value
+        event = reliability_signals.Settled(
+            task_id=lease.task_id,
+            url=lease.url,
+            domain=lease.domain,
+            outcome=outcome,
+            attempt=lease.attempts + 1,
+            status=tr.status,
+            error=tr.error,
+            error_class=tr.error_class,
+            claimed_at=lease.claimed_at,
+            settled_at=time.time(),
+            worker=self.worker_id,
+        )
+        self.crawler.signals.send_catch_log(reliability_signals.request_settled, event=event)
 
     # -- heartbeat --------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from scrapy.settings import BaseSettings
 
 from scrapy_reliability.config import Config
 from scrapy_reliability.middlewares import RetryMiddleware
+from scrapy_reliability.monitoring import CrawlMonitor, install_json_logs
 from scrapy_reliability.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ class Addon:
     :class:`scrapy_reliability.RetryMiddleware` (``RELIABILITY_RETRY_ENABLED =
     False`` keeps Scrapy's). Scrapy's redirect middleware keeps working on top:
     a redirected request is the same frontier row, sent back to pending.
+    It also enables :class:`scrapy_reliability.monitoring.CrawlMonitor` (JSON
+    logs, the periodic frontier summary, Prometheus metrics).
     """
 
     def __init__(self, crawler: Crawler):
@@ -39,9 +42,22 @@ class Addon:
         settings.set("DUPEFILTER_CLASS", "scrapy_reliability.DupeFilter", "addon")
         if settings.getbool("RELIABILITY_RETRY_ENABLED", True):
             self._replace_retry_middleware(settings)
+        self._enable_monitor(settings)
         # Settings errors surface at startup with the setting's name, not mid-crawl.
-        Config.from_settings(settings)
+        config = Config.from_settings(settings)
         RetryPolicy.from_settings(settings)
+        if config.monitoring.json_logs:
+            # As early as an add-on can: every later line of the crawl log is JSON.
+            install_json_logs(self.crawler)
+
+    @staticmethod
+    def _enable_monitor(settings: BaseSettings) -> None:
+        """CrawlMonitor in EXTENSIONS, unless the project lists it (e.g. as None)."""
+        from scrapy.utils.misc import load_object
+
+        user = settings.getdict("EXTENSIONS")
+        if not any(load_object(key) is CrawlMonitor for key in user):
+            settings.set_in_component_priority_dict("EXTENSIONS", CrawlMonitor, 500)
 
     @staticmethod
     def _replace_retry_middleware(settings: BaseSettings) -> None:

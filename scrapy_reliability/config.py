@@ -54,6 +54,57 @@ class RetryPass:
 
 
 @dataclass(frozen=True)
+class Monitoring:
+    """How a crawl reports on itself: JSON logs, the periodic summary, Prometheus."""
+
+    #: The crawl log as one JSON object per line, with one event per request outcome.
+    json_logs: bool = False
+    #: Seconds between one-line frontier summaries in the log; 0 turns them off.
+    summary_interval: float = 60.0
+    #: Ports to serve Prometheus metrics on (the first free one); None: no metrics.
+    prometheus_ports: tuple[int, int] | None = None
+    prometheus_address: str = "127.0.0.1"
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Monitoring:
+        return cls(
+            json_logs=_bool(settings, "RELIABILITY_JSON_LOGS", cls.json_logs),
+            summary_interval=nonnegative_float(
+                settings, "RELIABILITY_SUMMARY_INTERVAL", cls.summary_interval
+            ),
+            prometheus_ports=_port_range(settings.get("RELIABILITY_PROMETHEUS_PORT")),
+            prometheus_address=str(
+                settings.get("RELIABILITY_PROMETHEUS_ADDRESS") or cls.prometheus_address
+            ),
+        )
+
+
+def _port_range(raw: Any) -> tuple[int, int] | None:
+    """``9410``, ``"9410"``, ``[9410, 9420]`` or ``"9410-9420"``; 0 picks a free port."""
+    if raw is None or raw == "":
+        return None
+    parts: list[Any]
+    if isinstance(raw, str):
+        parts = [p.strip() for p in raw.replace(",", "-").split("-")]
+    elif isinstance(raw, (list, tuple)):
+        parts = list(raw)
+    else:
+        parts = [raw]
+    try:
+        ports = [int(p) for p in parts]
+    except (TypeError, ValueError):
+        ports = []
+    if len(ports) == 1:
+        ports *= 2
+    if len(ports) != 2 or not 0 <= ports[0] <= ports[1] <= 65535:
+        raise SettingError(
+            "RELIABILITY_PROMETHEUS_PORT must be a port (9410), a range ([9410, 9420] or "
+            f"'9410-9420': the first free one is used) or 0 for any free port (got {raw!r})."
+        )
+    return ports[0], ports[1]
+
+
+@dataclass(frozen=True)
 class Config:
     """Parsed settings. Build with :meth:`from_settings`; testable without a crawler."""
 
@@ -77,6 +128,8 @@ class Config:
     retry_pass: RetryPass | None = None
     #: Per-domain limits enforced by the frontier's claim.
     politeness: Politeness = field(default_factory=Politeness)
+    #: JSON logs, the periodic summary and Prometheus metrics.
+    monitoring: Monitoring = field(default_factory=Monitoring)
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Config:
@@ -119,6 +172,7 @@ class Config:
             ),
             retry_pass=RetryPass.from_setting(settings.get("RELIABILITY_RETRY_PASS")),
             politeness=politeness_from_settings(settings),
+            monitoring=Monitoring.from_settings(settings),
             max_in_flight=(
                 positive_int(settings, "RELIABILITY_MAX_IN_FLIGHT", 1)
                 if settings.get("RELIABILITY_MAX_IN_FLIGHT") is not None

@@ -289,8 +289,9 @@ class FrontierCommand(ScrapyCommand):
 
     def _dead(self, ctx: _Context, args: list[str]) -> None:
         spider = ctx.one_spider(args)
-        inspector, job = ctx.job(spider)
         selection = ctx.dead_filter()
+        limit = ctx.limit()
+        inspector, job = ctx.job(spider)
         if ctx.opts.output:
             rows = inspector.dead_letters(job.id, selection)
             _export(rows, Path(ctx.opts.output))
@@ -300,7 +301,6 @@ class FrontierCommand(ScrapyCommand):
             else:
                 ctx.out(message)
             return
-        limit = ctx.limit()
         rows = inspector.dead_letters(job.id, selection, limit=None if limit is None else limit + 1)
         more = limit is not None and len(rows) > limit
         rows = rows[:limit] if limit is not None else rows
@@ -333,11 +333,10 @@ class FrontierCommand(ScrapyCommand):
 
     def _requeue(self, ctx: _Context, args: list[str]) -> None:
         spider = ctx.one_spider(args)
+        selection = ctx.dead_filter()
         inspector, job = ctx.job(spider)
         with ctx.writing():
-            count = inspector.requeue(
-                job.id, ctx.dead_filter(), dry_run=ctx.opts.dry_run, now=ctx.now
-            )
+            count = inspector.requeue(job.id, selection, dry_run=ctx.opts.dry_run, now=ctx.now)
         if ctx.opts.json:
             ctx.print_json({"job": job.name, "requeued": count, "dry_run": ctx.opts.dry_run})
             return
@@ -360,11 +359,12 @@ class FrontierCommand(ScrapyCommand):
                 "purge what? pass one of --dead-letters, --pending or --whole-job "
                 "(add --yes to really delete)"
             )
+        selection = ctx.dead_filter()
         inspector, job = ctx.job(spider)
         dry_run = not opts.yes
         with ctx.writing():
             if opts.dead_letters:
-                n = inspector.purge_dead_letters(job.id, ctx.dead_filter(), dry_run=dry_run)
+                n = inspector.purge_dead_letters(job.id, selection, dry_run=dry_run)
                 what = f"{n} dead letters"
                 result: dict[str, Any] = {"dead_letters": n}
             elif opts.pending:

@@ -1,0 +1,354 @@
+"""``scrapy frontier``: explain in every state, dead letters, requeue, purge, doctor.
+
+Frontier rows are put into each state through the frontier's own operations (claim,
+write) on SQLite and PostgreSQL; the command runs as a real ``scrapy`` subprocess.
+The crawl-level acceptance (status after a faulty crawl) is in test_observability.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scrapy import Request
+from scrapy.utils.request import RequestFingerprinter
+from sqlalchemy import create_engine, select
+
+from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
+from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
+from scrapy_reliability.frontier.schema import dead_letters, jobs, requests
+from tests.crawling import REPO
+
+JOB = "shop"
+SCHEME = "scrapy.utils.request.RequestFingerprinter"
+WORKER = "host:1234:cafe"
+# Per-domain limits shared by the claims below and by the command (same settings).
+DOMAIN_SETTINGS = {"rate.test": {"rate": 0.01, "burst": 1}, "slot.test": {"concurrency": 1}}
+POLITENESS = Politeness(
+    overrides={
+        "rate.test": DomainLimits(rate=0.01, burst=1),
+        "slot.test": DomainLimits(concurrency=1),
+    }
+)
+
+URLS = {
+    "done": "http://done.test/page",
+    "dead": "http://dead.test/gone",
+    "leased": "http://leased.test/busy",
+    "lease_expired": "http://expired.test/stuck",
+    "not_before": "http://later.test/retry",
+    "domain_paused": "http://paused.test/wait",
+    "waiting_for_token": "http://rate.test/second",
+    "waiting_for_slot": "http://slot.test/second",
+    "due": "http://due.test/next",
+    "never_seen": "http://never.test/nothing",
+}
+
+
+def fingerprint(url: str) -> str:
+    return str(RequestFingerprinter().fingerprint(Request(url)).hex())
+
+
+def new(url: str) -> NewRequest:
+    domain = url.split("//", 1)[1].split("/", 1)[0]
+    payload = json.dumps({"url": url})
+    return NewRequest(fingerprint(url), 0, domain, url, payload)
+
+
+def frontier_cmd(
+    cwd: Path, *args: str, settings: dict[str, Any] | None = None
+) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "scrapy.cmdline", "frontier", *args]
+    for key, value in (settings or {}).items():
+        cmd += ["-s", f"{key}={value}"]
+    return subprocess.run(
+        cmd,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> Any:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+class States:
+    """One request in each state the explanation distinguishes."""
+
+    def __init__(self, frontier: Frontier):
+        self.frontier = frontier
+        self.job = frontier.open_job(JOB, SCHEME)
+        frontier.register_worker(self.job.id, WORKER, "host", 1234)
+        now = time.time()
+        self.ids: dict[str, int] = {}
+        self.done = self._claimed("done", now)
+        self._write(Transition(self.done.id, self.done.token, Outcome.DONE))
+        dead = self._claimed("dead", now)
+        self._write(
+            Transition(
+                dead.id,
+                dead.token,
+                Outcome.DEAD,
+                status=404,
+                error="HTTP 404",
+                error_class="permanent",
+                attempts_inc=1,
+            )
+        )
+        self._claimed("leased", now)
+        self._claimed("lease_expired", now - 120)
+        later = self._claimed("not_before", now)
+        self._write(
+            Transition(
+                later.id,
+                later.token,
+                Outcome.RESCHEDULE,
+                payload="{}",
+                url=URLS["not_before"],
+                not_before=now + 600,
+                attempts_inc=1,
+                status=500,
+                error="HTTP 500",
+                error_class="transient",
+            )
+        )
+        paused = self._claimed("domain_paused", now)
+        self._write(
+            Transition(
+                paused.id,
+                paused.token,
+                Outcome.RESCHEDULE,
+                payload="{}",
+                url=URLS["domain_paused"],
+                not_before=now,
+                attempts_inc=1,
+                status=429,
+                error="HTTP 429",
+                error_class="throttled",
+                domain="paused.test",
+                pause_until=now + 900,
+                pause_reason="Retry-After (429)",
+            )
+        )
+        # A first request of each limited domain spends its token / takes its one slot.
+        self._claimed("waiting_for_token", now, url="http://rate.test/first")
+        self._claimed("waiting_for_slot", now, url="http://slot.test/first")
+        for state in ("waiting_for_token", "waiting_for_slot", "due"):
+            self.ids[state] = next(iter(self._add(URLS[state])))
+
+    def _add(self, url: str) -> list[int]:
+        self.frontier.add(self.job.id, [new(url)])
+        with self.frontier.engine.connect() as conn:
+            return list(
+                conn.execute(
+                    select(requests.c.id).where(requests.c.fingerprint == fingerprint(url))
+                ).scalars()
+            )
+
+    def _claimed(self, state: str, now: float, url: str | None = None) -> Any:
+        self.ids[state] = self._add(url or URLS[state])[0]
+        result = self.frontier.claim(
+            self.job.id, WORKER, 1, lease_seconds=60, politeness=POLITENESS, now=now
+        )
+        assert [r.id for r in result.rows] == [self.ids[state]], state
+        return result.rows[0]
+
+    def _write(self, transition: Transition) -> None:
+        result = self.frontier.write(self.job.id, WriteBatch(transitions=[transition]))
+        assert result.settled == [transition.task_id]
+
+
+@pytest.fixture
+def states(frontier_url: str) -> Iterator[States]:
+    frontier = Frontier.connect(frontier_url, exclusive=False)
+    try:
+        yield States(frontier)
+    finally:
+        frontier.close()
+
+
+def test_explain_gives_the_reason_of_each_state(
+    states: States, frontier_url: str, tmp_path: Path
+) -> None:
+    common = ["--database-url", frontier_url, "--job", JOB]
+    settings = {
+        "RELIABILITY_DOMAINS": json.dumps(DOMAIN_SETTINGS),
+        "RELIABILITY_DOMAIN_RATE": 0,
+        "RELIABILITY_DOMAIN_CONCURRENCY": 0,
+    }
+    result = frontier_cmd(tmp_path, "explain", *URLS.values(), *common, "--json", settings=settings)
+    found = {e["url"]: e for e in as_json(result)["explanations"]}
+    reasons = {state: found[url]["reason"] for state, url in URLS.items()}
+    assert reasons == {state: state for state in URLS}
+    for state, url in URLS.items():
+        if state != "never_seen":
+            assert found[url]["task_id"] == states.ids[state], state
+    assert found[URLS["leased"]]["worker"]["id"] == WORKER
+    assert found[URLS["leased"]]["until"] > time.time() + 30
+    assert found[URLS["not_before"]]["until"] > time.time() + 500
+    assert found[URLS["domain_paused"]]["until"] > time.time() + 800
+    assert found[URLS["waiting_for_token"]]["until"] > time.time() + 50
+
+    # The same for people: one line per URL with what it waits for and until when.
+    text = frontier_cmd(tmp_path, "explain", *URLS.values(), *common, settings=settings)
+    assert text.returncode == 0, text.stdout + text.stderr
+    out = text.stdout
+    assert f"leased by {WORKER} (host pid 1234" in out
+    assert "the lease expired" in out
+    assert "not before 20" in out and "(retry backoff after transient HTTP 500)" in out
+    assert "domain paused.test paused until 20" in out and "Retry-After (429)" in out
+    assert "waiting for a token of domain rate.test: next start" in out
+    assert "waiting for a slot of domain slot.test (1 leased, at most 1 at once)" in out
+    assert "pending and due now" in out
+    assert f"never seen by job {JOB}" in out
+    assert "permanent (HTTP 404, HTTP 404) after 1 attempt" in out
+
+
+def test_dead_export_requeue_and_purge(states: States, frontier_url: str, tmp_path: Path) -> None:
+    common = ["--database-url", frontier_url, "--job", JOB]
+    listed = as_json(frontier_cmd(tmp_path, "dead", *common, "--json"))
+    assert [d["url"] for d in listed["dead_letters"]] == [URLS["dead"]]
+    assert listed["dead_letters"][0]["error_class"] == "permanent"
+
+    export = tmp_path / "out" / "dead.jsonl"
+    result = frontier_cmd(tmp_path, "dead", *common, "--output", str(export))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [json.loads(line) for line in export.read_text().splitlines()]
+    assert [(r["url"], r["last_status"]) for r in rows] == [(URLS["dead"], 404)]
+    assert rows[0]["payload"]  # the request, to replay it
+
+    # Filters that match nothing leave it alone; a dry run changes nothing.
+    none = as_json(
+        frontier_cmd(tmp_path, "requeue", *common, "--error-class", "transient", "--json")
+    )
+    assert none["requeued"] == 0
+    dry = as_json(
+        frontier_cmd(tmp_path, "requeue", *common, "--domain", "dead.test", "--dry-run", "--json")
+    )
+    assert dry["requeued"] == 1
+    assert states.frontier.lease_of(states.ids["dead"])[0] == "dead"
+    result = frontier_cmd(tmp_path, "requeue", *common, "--domain", "dead.test")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Requeued 1 dead requests" in result.stdout
+    assert states.frontier.lease_of(states.ids["dead"])[0] == "pending"
+    assert states.frontier.dead_letters_of(states.job.id) == []
+
+    # purge --pending without --yes only counts; with it the rows become ignored.
+    dry = frontier_cmd(tmp_path, "purge", *common, "--pending", "--domain", "due.test")
+    assert "Would purge 1 pending requests" in dry.stdout and "--yes" in dry.stdout
+    assert states.frontier.lease_of(states.ids["due"])[0] == "pending"
+    done = as_json(
+        frontier_cmd(
+            tmp_path, "purge", *common, "--pending", "--domain", "due.test", "--yes", "--json"
+        )
+    )
+    assert done["purged"] == {"pending": 1}
+    assert states.frontier.lease_of(states.ids["due"])[0] == "ignored"
+
+    # The whole job: refused while its worker is live, done with --force.
+    refused = frontier_cmd(tmp_path, "purge", *common, "--whole-job", "--yes")
+    assert refused.returncode == 1
+    assert "live workers" in refused.stdout and "--force" in refused.stdout
+    gone = as_json(
+        frontier_cmd(tmp_path, "purge", *common, "--whole-job", "--yes", "--force", "--json")
+    )
+    assert gone["purged"]["reliability_requests"] == len(URLS) + 1  # all but never_seen, + 2 firsts
+    engine = create_engine(frontier_url)
+    with engine.connect() as conn:
+        assert conn.execute(select(jobs)).all() == []
+        assert conn.execute(select(requests)).all() == []
+        assert conn.execute(select(dead_letters)).all() == []
+    engine.dispose()
+
+
+def test_status_of_a_running_job_shows_its_workers_and_leases(
+    states: States, frontier_url: str, tmp_path: Path
+) -> None:
+    common = ["--database-url", frontier_url, "--job", JOB]
+    status = as_json(frontier_cmd(tmp_path, "status", *common, "--json"))
+    assert status["counts"] == {"pending": 5, "leased": 4, "done": 1, "ignored": 0, "dead": 1}
+    assert status["dead_letters"] == {"permanent": 1}
+    assert status["expired_leases"] == 1
+    assert status["oldest_pending"]["id"] == states.ids["not_before"]
+    (worker,) = status["workers"]
+    assert (worker["id"], worker["leases"]) == (WORKER, 4)
+    domains = {d["domain"]: d for d in status["domains"]}
+    assert domains["paused.test"]["paused_until"] > time.time() + 800
+    text = frontier_cmd(tmp_path, "status", *common)
+    assert text.returncode == 0, text.stdout + text.stderr
+    for line in ("pending         5", "leased          4", "permanent         1", WORKER):
+        assert line in text.stdout
+    assert "Expired leases: 1" in text.stdout
+
+    # An unknown job names the jobs that exist.
+    missing = frontier_cmd(tmp_path, "status", "--database-url", frontier_url, "--job", "nope")
+    assert missing.returncode == 1
+    assert "job 'nope' never ran" in missing.stdout and JOB in missing.stdout
+
+
+def test_doctor(states: States, frontier_url: str, tmp_path: Path) -> None:
+    report = as_json(
+        frontier_cmd(tmp_path, "doctor", "--database-url", frontier_url, "--job", JOB, "--json")
+    )
+    results = {name: result for name, result, _ in report["checks"]}
+    assert report["ok"] is True
+    assert results["database"] == results["schema"] == results["job"] == "ok"
+    # Outside a project the add-on is not enabled: said, not fatal.
+    assert results["add-on"] == "warn"
+    assert results["domains"] == "warn"  # paused.test
+
+    bad = frontier_cmd(
+        tmp_path,
+        "doctor",
+        "--database-url",
+        frontier_url,
+        settings={"RELIABILITY_LEASE_SECONDS": 10, "RELIABILITY_HEARTBEAT_SECONDS": 20},
+    )
+    assert bad.returncode == 1
+    assert "RELIABILITY_HEARTBEAT_SECONDS (20.0) must be shorter" in bad.stdout
+
+
+def test_doctor_and_status_on_an_unreachable_database_never_print_the_password(
+    tmp_path: Path,
+) -> None:
+    url = "postgresql+psycopg://crawler:s3cret@127.0.0.1:1/crawls"
+    doctor = frontier_cmd(tmp_path, "doctor", "--database-url", url)
+    status = frontier_cmd(tmp_path, "status", "--database-url", url, "--job", "x")
+    for result in (doctor, status):
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, output
+        assert "s3cret" not in output and "Traceback" not in output
+        assert "127.0.0.1:1" in output
+    assert "database  fail" in doctor.stdout
+
+
+def test_status_of_a_frontier_that_does_not_exist(tmp_path: Path) -> None:
+    result = frontier_cmd(tmp_path, "status", "--database-url", f"sqlite:///{tmp_path}/no.sqlite")
+    assert result.returncode == 1
+    assert "no frontier at" in result.stdout
+    assert not (tmp_path / "no.sqlite").exists()
+
+
+def test_bad_arguments_are_refused_with_what_to_do(tmp_path: Path) -> None:
+    result = frontier_cmd(tmp_path, "status")
+    assert result.returncode == 2
+    assert "name the spider" in result.stderr
+    result = frontier_cmd(
+        tmp_path, "dead", "--database-url", "sqlite:///x.sqlite", "--error-class", "bogus"
+    )
+    assert result.returncode == 2
+    assert "unknown error class 'bogus'" in result.stderr
+    result = frontier_cmd(tmp_path, "purge", "--database-url", "sqlite:///x.sqlite")
+    assert result.returncode == 2
+    assert "--dead-letters, --pending or --whole-job" in result.stderr

@@ -11,7 +11,8 @@ Four named classes decide what happens to a failed request:
     earlier than Retry-After (or the backoff when it has none).
 ``permanent``
     Asking again will not help: 400, 401, 403, 404, 410, 422 (and other 4xx), an
-    unknown host name. Dead-lettered at once.
+    unknown host name, and browser errors that say the same (see
+    :func:`classify_playwright_error`). Dead-lettered at once.
 ``cancelled``
     The crawl stopped; not a failure of the request (never dead-lettered).
 
@@ -24,6 +25,7 @@ import email.utils
 import enum
 import math
 import random
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,6 +60,58 @@ DEFAULT_STATUS_CLASSES: Mapping[int, ErrorClass] = {
 # Exceptions by class name, so that optional modules need not be imported.
 _PERMANENT_EXCEPTIONS = frozenset({"DNSLookupError", "NoRouteError", "NotSupported"})
 _CANCELLED_EXCEPTIONS = frozenset({"CancelledError"})
+
+# Playwright (scrapy-playwright's browser requests) raises ``Error`` and its subclasses
+# ``TimeoutError`` and ``TargetClosedError``; a failed navigation names the browser's
+# network error in the message (Chromium: "net::ERR_NAME_NOT_RESOLVED at URL").
+# These say that asking again will not help; every other browser error (timeouts,
+# refused or reset connections, a crashed page or browser) is transient.
+_PERMANENT_NET_ERRORS = frozenset(
+    {
+        # Chromium's net::ERR_* (CERT_* are added below)
+        "NAME_NOT_RESOLVED",
+        "ADDRESS_INVALID",
+        "ADDRESS_UNREACHABLE",
+        "INVALID_URL",
+        "UNKNOWN_URL_SCHEME",
+        "DISALLOWED_URL_SCHEME",
+        "UNSAFE_PORT",
+        "UNSAFE_REDIRECT",
+        "INVALID_REDIRECT",
+        "TOO_MANY_REDIRECTS",
+        "BLOCKED_BY_CLIENT",
+        "BLOCKED_BY_ADMINISTRATOR",
+        "BAD_SSL_CLIENT_AUTH_CERT",
+        "SSL_VERSION_OR_CIPHER_MISMATCH",
+        # Firefox's
+        "NS_ERROR_UNKNOWN_HOST",
+        "NS_ERROR_MALFORMED_URI",
+        "NS_ERROR_UNKNOWN_PROTOCOL",
+    }
+)
+_NET_ERROR = re.compile(r"\bnet::ERR_([A-Z0-9_]+)|\b(NS_ERROR_[A-Z0-9_]+)")
+_PERMANENT_BROWSER_MESSAGES = ("Cannot navigate to invalid URL",)
+
+
+def classify_playwright_error(message: str) -> ErrorClass:
+    """The class of a Playwright error, from its message.
+
+    Permanent: the browser's own "host name not found" (like ``DNSLookupError``), an
+    invalid or unsupported URL, a redirect loop, a certificate the browser refuses,
+    a request blocked by the browser. Transient: everything else, navigation and
+    page-method timeouts, refused or reset connections, a crashed page ("Page
+    crashed") and a closed or crashed browser ("Target page, context or browser has
+    been closed"), after which scrapy-playwright starts a new one.
+    """
+    match = _NET_ERROR.search(message)
+    if match is not None:
+        code = match.group(1) or match.group(2)
+        if code in _PERMANENT_NET_ERRORS or code.startswith("CERT_"):
+            return ErrorClass.PERMANENT
+        return ErrorClass.TRANSIENT
+    if any(text in message for text in _PERMANENT_BROWSER_MESSAGES):
+        return ErrorClass.PERMANENT
+    return ErrorClass.TRANSIENT
 
 
 class Action(str, enum.Enum):
@@ -218,11 +272,15 @@ class RetryPolicy:
         return None
 
     def classify_exception(self, exc: BaseException) -> ErrorClass:
+        """The class of a download exception: Twisted's and Scrapy's by class name,
+        Playwright's (browser requests) by :func:`classify_playwright_error`."""
         names = {cls.__name__ for cls in type(exc).__mro__}
         if names & _CANCELLED_EXCEPTIONS:
             return ErrorClass.CANCELLED
         if names & _PERMANENT_EXCEPTIONS:
             return ErrorClass.PERMANENT
+        if type(exc).__module__.partition(".")[0] == "playwright":
+            return classify_playwright_error(str(exc))
         return ErrorClass.TRANSIENT
 
     def backoff(self, attempt: int, rng: random.Random | None = None) -> float:

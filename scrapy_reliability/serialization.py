@@ -3,17 +3,27 @@
 Callbacks and errbacks are stored by spider method name; meta, cookies and
 cb_kwargs must hold JSON values (tuples come back as lists). A request that
 cannot be stored raises :class:`UnserializableRequest` naming the key.
+
+Other value types are stored by codecs (:func:`register_codec`). scrapy-playwright's
+are registered on first use (:mod:`scrapy_reliability.playwright`): ``PageMethod``
+objects are stored as JSON, a live Playwright ``Page`` only as a reference valid in
+this process.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
+
+logger = logging.getLogger(__name__)
 
 PAYLOAD_VERSION = 1
 
@@ -35,6 +45,18 @@ _TAG = "__reliability_type__"
 _codecs: dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]] = {}
 _decoders: dict[str, Callable[[Any], Any]] = {}
 
+# Integrations whose codecs are registered when a value of theirs is first met:
+# top-level module of the value's type, or tag prefix -> the function that registers.
+_INTEGRATIONS = {"playwright": "scrapy_reliability.playwright.register_codecs"}
+_INTEGRATION_OF_MODULE = {"playwright": "playwright", "scrapy_playwright": "playwright"}
+_integrations_loaded: dict[str, bool] = {}
+
+# The spider whose request is being stored or rebuilt (codecs that store spider
+# methods by name need it), and what a rebuild could not get back (live objects of
+# another process).
+_spider: ContextVar[Spider | None] = ContextVar("reliability_serialized_spider", default=None)
+_gone: ContextVar[list[str] | None] = ContextVar("reliability_gone_values", default=None)
+
 
 class UnserializableRequest(ValueError):
     """The request holds something that cannot be stored as JSON."""
@@ -48,8 +70,51 @@ def register_codec(
     _decoders[tag] = decode
 
 
+def current_spider() -> Spider | None:
+    """The spider whose request is being stored or rebuilt, for codecs."""
+    return _spider.get()
+
+
+def note_gone(what: str) -> None:
+    """Called by a decoder whose value lived only in a process that is gone: the
+    rebuilt request is logged with ``what`` (the decoder returns None)."""
+    gone = _gone.get()
+    if gone is not None:
+        gone.append(what)
+
+
+@contextmanager
+def _for_spider(spider: Spider, gone: list[str] | None = None) -> Iterator[None]:
+    token = _spider.set(spider)
+    gone_token = _gone.set(gone)
+    try:
+        yield
+    finally:
+        _gone.reset(gone_token)
+        _spider.reset(token)
+
+
+def _load_integration(name: str | None) -> bool:
+    """Register the codecs of integration ``name`` once; False if there are none."""
+    if name is None or name not in _INTEGRATIONS:
+        return False
+    loaded = _integrations_loaded.get(name)
+    if loaded is None:
+        try:
+            load_object(_INTEGRATIONS[name])()
+            loaded = True
+        except ImportError:  # the optional package is not installed
+            loaded = False
+        _integrations_loaded[name] = loaded
+    return loaded
+
+
 def _default(value: Any) -> Any:
     codec = _codecs.get(type(value))
+    if codec is None and _load_integration(
+        _INTEGRATION_OF_MODULE.get(type(value).__module__.partition(".")[0])
+    ):
+        codec = _codecs.get(type(value))
     if codec is None:
         raise TypeError(type(value).__name__)
     tag, encode, _ = codec
@@ -61,6 +126,8 @@ def _object_hook(obj: dict[str, Any]) -> Any:
     if tag is None:
         return obj
     decode = _decoders.get(tag)
+    if decode is None and isinstance(tag, str) and _load_integration(tag.partition(".")[0]):
+        decode = _decoders.get(tag)
     if decode is None:
         raise UnserializableRequest(
             f"stored value of type {tag!r} has no decoder: install the extra that "
@@ -141,6 +208,10 @@ def request_to_payload(request: Request, spider: Spider) -> str:
     if type(request) is not Request:
         data["class"] = f"{type(request).__module__}.{type(request).__qualname__}"
     meta = {k: v for k, v in request.meta.items() if k not in TRANSIENT_META}
+    if any(key.startswith("playwright") for key in meta):
+        from scrapy_reliability.playwright import storable_meta
+
+        meta = storable_meta(meta, spider, request)
     extras: tuple[tuple[str, Any], ...] = (
         ("meta", meta),
         ("cookies", request.cookies),
@@ -149,23 +220,37 @@ def request_to_payload(request: Request, spider: Spider) -> str:
     for field, extra in extras:
         if extra:
             data[field] = extra
-    try:
-        return _dumps(data)
-    except (TypeError, ValueError):
-        pass
-    for field in ("meta", "cookies", "cb_kwargs"):
-        value = data.get(field)
-        if isinstance(value, dict):
-            try:
-                _dumps(value)
-            except (TypeError, ValueError):
-                _check_mapping(field, value, request)
+    with _for_spider(spider):
+        try:
+            return _dumps(data)
+        except (TypeError, ValueError):
+            pass
+        for field in ("meta", "cookies", "cb_kwargs"):
+            value = data.get(field)
+            if isinstance(value, dict):
+                try:
+                    _dumps(value)
+                except (TypeError, ValueError):
+                    _check_mapping(field, value, request)
     raise UnserializableRequest(f"{request!r} cannot be stored as JSON")
 
 
 def payload_to_request(payload: str, spider: Spider) -> Request:
     """Rebuild the request stored by :func:`request_to_payload`."""
-    data = json.loads(payload, object_hook=_object_hook)
+    gone: list[str] = []
+    with _for_spider(spider, gone):
+        data = json.loads(payload, object_hook=_object_hook)
+    if gone:
+        meta = data.get("meta")
+        if isinstance(meta, dict) and meta.get("playwright_page", False) is None:
+            # scrapy-playwright then opens a new page, as for a first fetch.
+            del meta["playwright_page"]
+        logger.warning(
+            "%(url)s referred to %(what)s, which is gone (that run ended, or it belongs "
+            "to another worker); the request is rebuilt without it, so it is fetched in "
+            "a new page",
+            {"url": data.get("url"), "what": ", ".join(gone)},
+        )
     cls: type[Request] = Request
     if "class" in data:
         loaded = load_object(data["class"])

@@ -33,6 +33,13 @@ Contracts
   null for a TCP reset; ``fault`` names what shaped this response (a fault kind,
   ``"outage"`` or ``"host-rate"``), null for a normal response; ``early`` is true for a
   request that arrived while a Retry-After pause it must honour was still running.
+* JavaScript pages (``--js-pages N``, off by default): every page ``i`` with
+  ``i % N == 0`` is served as a page whose heading and links exist only once its
+  script has run, ``--js-delay-ms`` after it starts (see :func:`is_js_page`). The
+  script adds the same ``<h1 id="page">`` and links as a plain page, plus
+  ``data-rendered`` (:func:`js_token`, computed by the script) and ``data-ua``
+  (``navigator.userAgent``) on the heading: only a browser that ran it sees them.
+  Status, faults and logging are those of the plain page.
 """
 
 from __future__ import annotations
@@ -72,6 +79,8 @@ __all__ = [
     "SiteConfig",
     "SiteProcess",
     "free_port",
+    "is_js_page",
+    "js_token",
     "main",
     "max_per_window",
     "page_fault",
@@ -106,7 +115,8 @@ class SiteConfig:
     :data:`FAULT_KINDS` order without duplicates, so the order given does not matter.
     ``outage_start``/``outage_seconds`` schedule one outage relative to READY; both or
     neither must be set. ``log`` is the JSON-lines request log, or None for no log.
-    Invalid values raise ValueError.
+    ``js_pages``/``js_delay_ms``: JavaScript pages (0: none). Invalid values raise
+    ValueError.
     """
 
     port: int = 0
@@ -125,6 +135,8 @@ class SiteConfig:
     outage_seconds: float = 0.0
     host_rate: int = 0
     log: pathlib.Path | None = None
+    js_pages: int = 0
+    js_delay_ms: float = 0.0
 
     def __post_init__(self) -> None:
         hosts = tuple(self.hosts)
@@ -158,6 +170,8 @@ class SiteConfig:
             raise ValueError("outage_start and a positive outage_seconds go together")
         if self.outage_start is not None and self.outage_start < 0:
             raise ValueError("outage_start must be >= 0")
+        if self.js_pages < 0 or self.js_delay_ms < 0:
+            raise ValueError("js_pages and js_delay_ms must be >= 0")
 
     def argv(self) -> list[str]:
         """Command-line arguments that make the site run with exactly this config.
@@ -191,6 +205,10 @@ class SiteConfig:
             ]
         if self.log is not None:
             args.append(f"--log={self.log}")
+        if self.js_pages:
+            args.append(f"--js-pages={self.js_pages}")
+        if self.js_delay_ms:
+            args.append(f"--js-delay-ms={self.js_delay_ms!r}")
         return args
 
 
@@ -234,6 +252,59 @@ def _render_page(config: SiteConfig, host: str, i: int) -> bytes:
         f"<html><head><title>{host} p {i}</title></head><body>"
         f'<h1 id="page" data-host="{host}" data-page="{i}">{host} page {i}</h1>\n'
         f"{anchors}\n</body></html>\n"
+    ).encode()
+
+
+def is_js_page(config: SiteConfig, i: int) -> bool:
+    """Whether page ``i`` is a JavaScript page (``js_pages`` divides ``i``)."""
+    return config.js_pages > 0 and 0 <= i < config.pages and i % config.js_pages == 0
+
+
+def js_token(host: str, i: int) -> str:
+    """What the script of JavaScript page ``i`` of ``host`` puts in ``data-rendered``.
+
+    A rolling hash of ``"HOST/i"`` that the script computes when it runs: it is not
+    in the page's source.
+    """
+    h = 7
+    for ch in f"{host}/{i}":
+        h = (h * 31 + ord(ch)) % 1000003
+    return f"js-{h}"
+
+
+def _render_js_page(config: SiteConfig, host: str, i: int) -> bytes:
+    data = json.dumps({"host": host, "page": i, "links": page_links(config, host, i)})
+    delay = max(0, round(config.js_delay_ms))
+    script = (
+        "(function () {\n"
+        f"  var d = {data};\n"
+        "  function token(s) {\n"
+        "    var h = 7;\n"
+        "    for (var k = 0; k < s.length; k++) { h = (h * 31 + s.charCodeAt(k)) % 1000003; }\n"
+        '    return "js-" + h;\n'
+        "  }\n"
+        "  setTimeout(function () {\n"
+        '    var h1 = document.createElement("h1");\n'
+        '    h1.id = "page";\n'
+        '    h1.setAttribute("data-host", d.host);\n'
+        '    h1.setAttribute("data-page", String(d.page));\n'
+        '    h1.setAttribute("data-rendered", token(d.host + "/" + d.page));\n'
+        '    h1.setAttribute("data-ua", navigator.userAgent);\n'
+        '    h1.textContent = d.host + " page " + d.page;\n'
+        "    document.body.appendChild(h1);\n"
+        "    d.links.forEach(function (href) {\n"
+        '      var a = document.createElement("a");\n'
+        "      a.href = href;\n"
+        "      a.textContent = href;\n"
+        "      document.body.appendChild(a);\n"
+        "    });\n"
+        f"  }}, {delay});\n"
+        "})();\n"
+    )
+    return (
+        f"<html><head><title>{host} p {i}</title></head><body>"
+        "<noscript>This page needs JavaScript.</noscript>\n"
+        f"<script>\n{script}</script>\n</body></html>\n"
     ).encode()
 
 
@@ -575,7 +646,8 @@ class _Site:
         key = (host, i)
         body = self._pages.get(key)
         if body is None:
-            body = self._pages[key] = _render_page(self.config, host, i)
+            render = _render_js_page if is_js_page(self.config, i) else _render_page
+            body = self._pages[key] = render(self.config, host, i)
         return body
 
     def _record(
@@ -693,6 +765,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outage-seconds", type=float, default=d.outage_seconds, help="length")
     p.add_argument("--host-rate", type=int, default=d.host_rate, help="max/s per host (0 off)")
     p.add_argument("--log", type=pathlib.Path, default=None, help="JSON-lines request log")
+    p.add_argument("--js-pages", type=int, default=d.js_pages, help="every Nth page by script")
+    p.add_argument("--js-delay-ms", type=float, default=d.js_delay_ms, help="script's delay")
     return p
 
 

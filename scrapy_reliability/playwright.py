@@ -1,0 +1,164 @@
+"""scrapy-playwright's browser requests, stored in the frontier as JSON.
+
+A request with scrapy-playwright meta is stored like any other (never pickled) and
+behaves the same when it is rebuilt, after a restart or a ``kill -9`` too:
+
+* ``PageMethod`` objects (``playwright_page_methods``, a list or a dict, or anywhere
+  else in meta and cb_kwargs) are stored as their method name, or the name of a
+  spider method, with their args and kwargs (JSON values). ``PageMethod.result``
+  belongs to one fetch and is not stored: a rebuilt request runs its page methods
+  again, in a new page.
+* ``playwright_page_event_handlers``: spider methods are stored by name, which
+  scrapy-playwright looks up on the spider. ``playwright_page_init_callback``: a
+  module-level function is stored by its import path, which scrapy-playwright loads.
+* A live ``Page`` (``playwright_page``, set by ``playwright_include_page=True`` or
+  passed on to reuse a page) is never stored: only a reference that this process
+  alone can resolve. In this process the request gets the very same page back. In
+  any other (the run after a crash or ``kill -9``, another worker), the page is gone
+  with its browser: the request is fetched in a new page, as on a first fetch, and a
+  warning names it.
+
+The codecs are registered by :mod:`scrapy_reliability.serialization` the first time
+it meets a Playwright value; nothing happens at import.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import weakref
+from typing import Any
+
+from scrapy import Request
+from scrapy.utils.misc import load_object
+
+from scrapy_reliability.serialization import (
+    UnserializableRequest,
+    current_spider,
+    note_gone,
+    register_codec,
+)
+
+PAGE_METHOD_TAG = "playwright.PageMethod"
+PAGE_TAG = "playwright.Page"
+
+# Live pages referred to by stored requests of this process. Weak: a page that is
+# closed and dropped by Playwright is not kept alive by a request that names it.
+_live_pages: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+
+def register_codecs() -> None:
+    """Teach the serializer ``PageMethod`` and ``Page`` (idempotent)."""
+    from playwright.async_api import Page
+    from scrapy_playwright.page import PageMethod
+
+    register_codec(PageMethod, PAGE_METHOD_TAG, _encode_page_method, _decode_page_method)
+    register_codec(Page, PAGE_TAG, _encode_page, _decode_page)
+
+
+def _encode_page_method(page_method: Any) -> dict[str, Any]:
+    method = page_method.method
+    stored: Any
+    if isinstance(method, str):
+        stored = method
+    else:
+        name = _spider_method_name(method, current_spider())
+        if name is None:
+            raise TypeError(
+                f"a PageMethod calls {method!r}, which is not a method of the spider; "
+                "the frontier stores page methods by name: use a Page method name "
+                "(PageMethod('wait_for_selector', ...)) or a spider method"
+            )
+        stored = {"spider_method": name}
+    value: dict[str, Any] = {"method": stored}
+    if page_method.args:
+        value["args"] = list(page_method.args)
+    if page_method.kwargs:
+        value["kwargs"] = dict(page_method.kwargs)
+    return value
+
+
+def _decode_page_method(value: dict[str, Any]) -> Any:
+    from scrapy_playwright.page import PageMethod
+
+    method = value["method"]
+    if isinstance(method, dict):
+        name = str(method["spider_method"])
+        spider = current_spider()
+        bound = getattr(spider, name, None) if spider is not None else None
+        if not callable(bound):
+            raise UnserializableRequest(
+                f"the stored page method {name!r} is not a method of the spider (was it renamed?)"
+            )
+        method = bound
+    elif not isinstance(method, str):
+        raise UnserializableRequest(f"stored page method {method!r} is not a name")
+    return PageMethod(method, *value.get("args", ()), **value.get("kwargs", {}))
+
+
+def _encode_page(page: Any) -> dict[str, Any]:
+    ref = uuid.uuid4().hex
+    _live_pages[ref] = page
+    return {"ref": ref, "pid": os.getpid()}
+
+
+def _decode_page(value: dict[str, Any]) -> Any:
+    page = _live_pages.get(str(value.get("ref")))
+    if page is None:
+        note_gone(f"a live Playwright page of process {value.get('pid')}")
+    return page
+
+
+def _spider_method_name(func: Any, spider: Any) -> str | None:
+    """The name of ``func`` if it is a method of ``spider``."""
+    name = getattr(func, "__name__", None)
+    if spider is None or not name or getattr(func, "__self__", None) is not spider:
+        return None
+    own = getattr(getattr(spider, name, None), "__func__", None)
+    return name if own is not None and own is getattr(func, "__func__", None) else None
+
+
+def storable_meta(meta: dict[str, Any], spider: Any, request: Request) -> dict[str, Any]:
+    """``meta`` with scrapy-playwright's callables replaced by the names that
+    scrapy-playwright accepts as well (a copy; ``meta`` is left as it is).
+
+    Raises :class:`UnserializableRequest` naming the key for a callable that has no
+    such name (a lambda, a closure, a function of another object).
+    """
+    handlers = meta.get("playwright_page_event_handlers")
+    init = meta.get("playwright_page_init_callback")
+    has_handlers = isinstance(handlers, dict) and any(callable(h) for h in handlers.values())
+    if not has_handlers and not callable(init):
+        return meta
+    meta = dict(meta)
+    if has_handlers:
+        assert isinstance(handlers, dict)
+        named: dict[str, Any] = {}
+        for event, handler in handlers.items():
+            if not callable(handler):
+                named[event] = handler
+                continue
+            name = _spider_method_name(handler, spider)
+            if name is None:
+                raise UnserializableRequest(
+                    f"meta['playwright_page_event_handlers'][{event!r}] of {request!r} "
+                    f"is {handler!r}, which is not a method of the spider; the "
+                    "frontier stores event handlers by spider method name. Make it a "
+                    "spider method (or give its name as a string)."
+                )
+            named[event] = name
+        meta["playwright_page_event_handlers"] = named
+    if callable(init):
+        path = f"{getattr(init, '__module__', '')}.{getattr(init, '__qualname__', '')}"
+        try:
+            found = load_object(path)
+        except (ImportError, NameError, AttributeError, ValueError):
+            found = None
+        if found is not init:
+            raise UnserializableRequest(
+                f"meta['playwright_page_init_callback'] of {request!r} is {init!r}; the "
+                "frontier stores it by import path, so it must be a module-level "
+                "function (or give its import path as a string)."
+            )
+        meta["playwright_page_init_callback"] = path
+    return meta

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -334,13 +335,13 @@ def test_browser_failures_are_retried_or_dead_lettered_by_class(tmp_path: Path, 
         fault_rate=1.0,
         faults=("slow",),
         slow_times=2,
-        slow_seconds=3,
+        slow_seconds=5,
     )
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
         crawl = browser_crawl(
             tmp_path,
             site,
-            "PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT=1000",
+            "PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT=2000",
             "RELIABILITY_BACKOFF_BASE_SECONDS=0.2",
             "RELIABILITY_BACKOFF_MAX_SECONDS=0.5",
             browser_every="1",
@@ -356,14 +357,17 @@ def test_browser_failures_are_retried_or_dead_lettered_by_class(tmp_path: Path, 
     rows = {r["url"].split("//")[1]: r for r in frontier_rows(db)}
     for i in (1, 2, 3):  # slow twice: two navigation timeouts, then rendered
         row = rows[f"127.0.0.2:{site.port}/p/{i}"]
-        assert (row["state"], row["attempts"]) == ("done", 2), row
-        assert hits[("127.0.0.2", i)] == 3
+        # At least 2: a loaded machine may also time out on a normal answer.
+        assert row["state"] == "done" and row["attempts"] >= 2, row
+        assert hits[("127.0.0.2", i)] == row["attempts"] + 1
     dead = rows["nowhere.invalid/p/0"]
     assert (dead["state"], dead["error_class"], dead["attempts"]) == ("dead", "permanent", 1)
     assert "net::ERR_NAME_NOT_RESOLVED" in dead["last_error"]
     log = crawl.log()
-    assert "'reliability/retry/transient': 6" in log
-    print(f"pages 1-3 done after 2 timeouts each; dead: {dead['last_error'].splitlines()[0]}")
+    retried = re.search(r"'reliability/retry/transient': (\d+)", log)
+    assert retried is not None and int(retried.group(1)) >= 6, log[-3000:]
+    attempts = [rows[f"127.0.0.2:{site.port}/p/{i}"]["attempts"] for i in (1, 2, 3)]
+    print(f"pages 1-3 done after timeouts {attempts}; dead: {dead['last_error'].splitlines()[0]}")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -384,6 +388,13 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:  # it exited
+        return ""
+
+
 @pytest.mark.slow
 def test_a_crashed_browser_loses_no_page(tmp_path: Path, chromium: str):
     """Chromium is SIGKILLed while it renders pages: scrapy-playwright starts a new one,
@@ -400,11 +411,7 @@ def test_a_crashed_browser_loses_no_page(tmp_path: Path, chromium: str):
         proc = crawl.start()
         wait_for_page(proc, site.log_path, "/p/2")
         time.sleep(0.3)
-        browsers = [
-            pid
-            for pid in _descendants(proc.pid)
-            if Path(f"/proc/{pid}/comm").read_text().strip().startswith("chrom")
-        ]
+        browsers = [pid for pid in _descendants(proc.pid) if _command(pid).startswith("chrom")]
         assert browsers, "no Chromium process under the crawl"
         for pid in browsers:
             with contextlib.suppress(ProcessLookupError):  # a helper that already exited

@@ -24,7 +24,7 @@ Exit status 1 if any crawl fails (exit status, finish_reason, ERROR log lines) o
 pages (item_scraped_count != 3 x pages).
 
     python bench/crawl_throughput.py [--pages 2000] [--repeat 3] [--variants ...]
-        [--json results.json] [--pg-admin-url postgresql://postgres@127.0.0.1:5432/postgres]
+        [--set NAME=VALUE ...] [--json results.json] [--pg-admin-url postgresql://postgres@127.0.0.1:5432/postgres]
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ def run_variant(
     reliability = variant.startswith("reliability")
     if variant in ("stock-jobdir", "reliability-sqlite"):
         settings["JOBDIR"] = str(workdir / "jobdir")
+    if reliability:
+        settings.update(dict(kv.split("=", 1) for kv in args.set))
     db: PostgresDatabase | None = None
     if variant == "reliability-postgres":
         db = PostgresDatabase(f"bench_tp_{os.getpid()}_{round_no}", args.pg_admin_url)
@@ -138,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="per crawl, seconds")
     parser.add_argument("--pg-admin-url", default=PG_ADMIN_URL)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an extra Scrapy setting for the reliability variants (repeatable)",
+    )
     args = parser.parse_args(argv)
     sigterm_raises()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]

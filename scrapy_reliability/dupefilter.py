@@ -10,6 +10,7 @@ runs, and memory stays bounded however long the crawl.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider
@@ -35,7 +36,9 @@ class RecentKeys:
 
     def __init__(self, size: int):
         self._size = size
-        self._keys: dict[str, None] = {}
+        # An OrderedDict evicts its oldest key in O(1); a dict's first key, once
+        # others were deleted before it, is found by scanning the deleted slots.
+        self._keys: OrderedDict[str, None] = OrderedDict()
 
     def __contains__(self, key: str) -> bool:
         return key in self._keys
@@ -44,7 +47,7 @@ class RecentKeys:
         if key in self._keys:
             return
         if len(self._keys) >= self._size:
-            del self._keys[next(iter(self._keys))]
+            self._keys.popitem(last=False)
         self._keys[key] = None
 
     def discard(self, key: str) -> None:

@@ -142,6 +142,10 @@ class Scheduler(BaseScheduler):
         self._db = DatabaseThread()
         self._ready: deque[Request] = deque()
         self._leases: dict[int, _Lease] = {}
+        # Leases whose transition is buffered or being written, by (task id, token):
+        # what request_settled reports once it commits (the row may be claimed
+        # again, under a new lease, before the write's callback runs).
+        self._settling: dict[tuple[int, str], _Lease] = {}
         self._batch = WriteBatch()
         self._batch_requests: dict[str, Request] = {}
         self._flush_future: Future[WriteResult] | None = None
@@ -496,6 +500,7 @@ class Scheduler(BaseScheduler):
             self.stats.inc_value("reliability/refused/unserializable")
             return False
         lease.stage = _Stage.SETTLING
+        self._settling[(lease.task_id, lease.token)] = lease
         failure = decided if isinstance(decided, dict) else {}
         pause_until = failure.get("pause_until")
         slow_down = bool(failure.get("slow_down"))
@@ -557,7 +562,9 @@ class Scheduler(BaseScheduler):
         if len(self._leases) - len(self._ready) - held >= self.max_in_flight:
             return None
         if not self._ready and not self._closing:
-            self._claim(block=True)
+            # Never block the reactor on the database: the claim's callback wakes
+            # the engine when its rows are buffered.
+            self._claim()
         if self._paused:
             self._hold_paused()
         request = self._pick()
@@ -567,7 +574,7 @@ class Scheduler(BaseScheduler):
         if lease is not None:
             lease.stage = _Stage.FETCHING
         if len(self._ready) <= self.config.claim_batch // 2:
-            self._claim(block=False)
+            self._claim()
         self.stats.inc_value("reliability/dequeued")
         return request
 
@@ -646,6 +653,7 @@ class Scheduler(BaseScheduler):
                 keep.append(request)
                 continue
             lease.stage = _Stage.SETTLING
+            self._settling[(lease.task_id, lease.token)] = lease
             self._batch.transitions.append(
                 Transition(lease.task_id, lease.token, Outcome.RELEASE, not_before=paused_until)
             )
@@ -654,21 +662,14 @@ class Scheduler(BaseScheduler):
             self._ready = keep
             self._schedule_flush()
 
-    def _claim(self, *, block: bool) -> None:
-        if self.job is None or self._closing:
+    def _claim(self) -> None:
+        if self.job is None or self._closing or self._claim_future is not None:
             return
-        if self._claim_future is None:
-            if time.time() < self._idle_until:
-                return
-            if self._batch and self._flush_future is None:
-                self._flush()
-            self._claim_future = self._db.call_soon(
-                self._claim_on_thread, self._claimed, self.job.id
-            )
-        if block:
-            future = self._claim_future
-            future.result()
-            self._claimed(future)
+        if time.time() < self._idle_until:
+            return
+        if self._batch and self._flush_future is None:
+            self._flush()
+        self._claim_future = self._db.call_soon(self._claim_on_thread, self._claimed, self.job.id)
 
     def _claim_on_thread(self, job_id: int) -> ClaimResult:
         assert self.frontier is not None
@@ -703,7 +704,10 @@ class Scheduler(BaseScheduler):
             self.stats.inc_value("reliability/claimed", len(result.rows))
             for row in result.rows:
                 self._take(row)
+            self._wake_engine()
             return
+        # Nothing to start now: the engine asks again (and may find the spider idle).
+        self._wake_engine()
         now = time.time()
         if result.next_due is not None:
             self._maybe_pending = True
@@ -874,6 +878,7 @@ class Scheduler(BaseScheduler):
         attempts_inc: int = 0,
     ) -> None:
         lease.stage = _Stage.SETTLING
+        self._settling[(lease.task_id, lease.token)] = lease
         self._batch.transitions.append(
             Transition(
                 lease.task_id,
@@ -1031,7 +1036,8 @@ class Scheduler(BaseScheduler):
         watched = self._settled_watched()
         for task_id in result.settled:
             tr = transitions[task_id]
-            lease = self._forget(task_id, tr.token)
+            self._forget(task_id, tr.token)
+            lease = self._settling.pop((task_id, tr.token), None)
             self.stats.inc_value(f"reliability/{_STAT_OF[tr.outcome]}")
             if watched and lease is not None:
                 self._send_settled(lease, tr)
@@ -1039,6 +1045,7 @@ class Scheduler(BaseScheduler):
             self.stats.inc_value("reliability/lease/lost", len(result.lost))
             for task_id in result.lost:
                 self._forget(task_id, transitions[task_id].token)
+                self._settling.pop((task_id, transitions[task_id].token), None)
             logger.warning(
                 "%(error)s", {"error": LeaseLost(result.lost)}, extra={"spider": self.spider}
             )
@@ -1047,14 +1054,12 @@ class Scheduler(BaseScheduler):
             self._idle_until = 0.0
             self._maybe_pending = True
 
-    def _forget(self, task_id: int, token: str) -> _Lease | None:
+    def _forget(self, task_id: int, token: str) -> None:
         # The row may already be claimed again under a new lease (a claim result can
         # be handled before the callback of the write that freed the row).
         lease = self._leases.get(task_id)
         if lease is not None and lease.token == token:
             del self._leases[task_id]
-            return lease
-        return None
 
     def _settled_watched(self) -> bool:
         return bool(

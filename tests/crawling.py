@@ -83,9 +83,11 @@ def signal_when(
     requests: int,
     sig: int = signal.SIGKILL,
     timeout: float = 120,
+    sent: list[float] | None = None,
 ) -> int:
     """Send ``sig`` once the site has logged ``requests`` page requests; wait for
-    the process to exit (reaped, so its pid is really gone). Returns its exit code."""
+    the process to exit (reaped, so its pid is really gone). Returns its exit code;
+    appends the ``time.time()`` of the signal to ``sent``."""
     deadline = time.monotonic() + timeout
     while count_lines(site_log) < requests:
         if proc.poll() is not None:
@@ -94,6 +96,8 @@ def signal_when(
             proc.kill()
             raise AssertionError("the crawl made no progress")
         time.sleep(0.02)
+    if sent is not None:
+        sent.append(time.time())
     proc.send_signal(sig)
     return proc.wait(timeout=120)
 
@@ -117,18 +121,21 @@ def refetched(site_log: Path) -> int:
     return sum(n - 1 for n in page_requests(site_log).values())
 
 
-def crawl_with_kills(crawl: Crawl, site_log: Path, kills: int, seed: int) -> None:
+def crawl_with_kills(crawl: Crawl, site_log: Path, kills: int, seed: int) -> list[float]:
     """Run ``crawl``, SIGKILL it ``kills`` times at random points (each after 150 to
-    550 more page requests), then run it to the end; it must exit 0."""
+    550 more page requests), then run it to the end; it must exit 0. Returns the
+    ``time.time()`` of each kill."""
     rng = random.Random(seed)
     fetched = count_lines(site_log)
+    killed_at: list[float] = []
     for _ in range(kills):
         fetched += rng.randint(150, 550)
         proc = crawl.start()
-        code = signal_when(proc, site_log, fetched)
+        code = signal_when(proc, site_log, fetched, sent=killed_at)
         assert code == -signal.SIGKILL
         fetched = max(fetched, count_lines(site_log))
     assert crawl.run() == 0, crawl.log()[-3000:]
+    return killed_at
 
 
 def reachable_pages(config: Any, skip: set[tuple[str, int]]) -> set[tuple[str, int]]:

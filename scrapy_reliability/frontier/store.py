@@ -194,7 +194,9 @@ class Frontier:
     def __init__(self, engine: Engine, *, lock: dialect.SqliteProcessLock | None = None):
         self.engine = engine
         self._lock = lock
-        self._insert = dialect.insert_ignore(requests, engine)
+        self._insert_returning = dialect.insert_ignore(requests, engine).returning(
+            requests.c.fingerprint
+        )
         self._insert_fp = dialect.insert_ignore(fingerprints, engine)
         self._insert_domain = dialect.insert_ignore(domains, engine)
         self._known_domains: set[tuple[int, str]] = set()
@@ -454,7 +456,10 @@ class Frontier:
                 }
                 for row in chunk
             ]
-            result = conn.execute(self._insert.values(values).returning(requests.c.fingerprint))
+            # An executemany: SQLAlchemy's insertmanyvalues sends it as multi-row
+            # INSERTs from one cached compiled statement (a fresh .values(list) per
+            # batch would be compiled every time).
+            result = conn.execute(self._insert_returning, values)
             inserted.update(result.scalars())
         return inserted
 
@@ -938,9 +943,10 @@ class Frontier:
 
     def add_fingerprints(self, job_id: int, fps: Iterable[str]) -> None:
         values = [{"job_id": job_id, "fingerprint": fp} for fp in fps]
+        if not values:
+            return
         with self.engine.begin() as conn:
-            for start in range(0, len(values), _INSERT_CHUNK):
-                conn.execute(self._insert_fp.values(values[start : start + _INSERT_CHUNK]))
+            conn.execute(self._insert_fp, values)
 
     # -- inspection -------------------------------------------------------------------------
 

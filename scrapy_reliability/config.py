@@ -126,6 +126,8 @@ class Config:
     dead_letter_items: bool = True
     #: Set by ``scrapy retrypass``: which dead letters this run re-crawls.
     retry_pass: RetryPass | None = None
+    #: When the job's last run finished, start a new run instead of exiting.
+    restart_finished: bool = False
     #: Per-domain limits enforced by the frontier's claim.
     politeness: Politeness = field(default_factory=Politeness)
     #: JSON logs, the periodic summary and Prometheus metrics.
@@ -171,6 +173,7 @@ class Config:
                 settings, "RELIABILITY_DEAD_LETTER_ITEMS", cls.dead_letter_items
             ),
             retry_pass=RetryPass.from_setting(settings.get("RELIABILITY_RETRY_PASS")),
+            restart_finished=_bool(settings, "RELIABILITY_RESTART_FINISHED", cls.restart_finished),
             politeness=politeness_from_settings(settings),
             monitoring=Monitoring.from_settings(settings),
             max_in_flight=(

@@ -57,6 +57,7 @@ from scrapy_reliability.frontier import (
     Frontier,
     FrontierError,
     Job,
+    JobFinished,
     LeaseLost,
     NewRequest,
     Outcome,
@@ -92,7 +93,9 @@ _ROBOTS_WAIT = 15.0
 _RECOVERY_WINDOW = 600.0
 # Buffered new requests at most before enqueue_request waits for the database.
 _MAX_BUFFERED = 2000
-# With nothing due and other workers holding leases, look again this often.
+# With nothing due and other workers holding leases, look again after this long,
+# doubling up to _POLL_SECONDS while nothing turns up.
+_FIRST_POLL_SECONDS = 0.05
 _POLL_SECONDS = 1.0
 
 
@@ -142,6 +145,9 @@ class Scheduler(BaseScheduler):
         self._db = DatabaseThread()
         self._ready: deque[Request] = deque()
         self._leases: dict[int, _Lease] = {}
+        self._poll_delay = _FIRST_POLL_SECONDS
+        # Set when this worker joined a job that had already finished.
+        self._job_finished = False
         # Leases whose transition is buffered or being written, by (task id, token):
         # what request_settled reports once it commits (the row may be claimed
         # again, under a new lease, before the write's callback runs).
@@ -221,7 +227,7 @@ class Scheduler(BaseScheduler):
         self._db.shutdown()
         return failure
 
-    def _open_frontier(self, url: str, name: str) -> tuple[Job, int, dict[str, int]]:
+    def _open_frontier(self, url: str, name: str) -> tuple[Job, int, dict[str, int]] | JobFinished:
         """On the database thread: connect, open the job, register, recover."""
         frontier = Frontier.connect(
             url,
@@ -230,9 +236,16 @@ class Scheduler(BaseScheduler):
         )
         try:
             reopened = self._reopen_dead_letters(frontier, name)
-            job = frontier.open_job(
-                name, self.dupefilter.scheme, reuse_finished=self.retry_pass is not None
-            )
+            try:
+                job = frontier.open_job(
+                    name,
+                    self.dupefilter.scheme,
+                    reuse_finished=self.retry_pass is not None,
+                    restart_finished=self.config.restart_finished,
+                )
+            except JobFinished as exc:
+                frontier.close()
+                return exc
             frontier.register_worker(job.id, self.worker_id, self.hostname, self.pid)
             # One process per SQLite file (held by the lock), so any other registered
             # worker of this job is a dead predecessor.
@@ -264,7 +277,23 @@ class Scheduler(BaseScheduler):
         )
         return 0 if reopened is None else reopened[1]
 
-    def _opened(self, opened: tuple[Job, int, dict[str, int]]) -> None:
+    def _opened(self, opened: tuple[Job, int, dict[str, int]] | JobFinished) -> None:
+        if isinstance(opened, JobFinished):
+            # A worker joining a finished job: no request is scheduled or fetched,
+            # and the engine closes the spider at once.
+            self._job_finished = True
+            when = (
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(opened.finished_at))
+                if opened.finished_at
+                else "earlier"
+            )
+            logger.warning(
+                "%(error)s (It finished at %(when)s.)",
+                {"error": opened, "when": when},
+                extra={"spider": self.spider},
+            )
+            self.stats.set_value("reliability/job/already_finished", True)
+            return
         job, recovered, counts = opened
         self.job = job
         if self.retry_pass is not None:
@@ -380,6 +409,8 @@ class Scheduler(BaseScheduler):
 
     def _closed(self, result: tuple[int, bool, int], reason: str, ready: int) -> None:
         released, complete, lost = result
+        if self.frontier is not None:
+            self.stats.set_value("reliability/db/round_trips", self.frontier.round_trips)
         if lost:
             self.stats.inc_value("reliability/lease/lost", lost)
         self.stats.set_value("reliability/lease/released", released)
@@ -409,6 +440,8 @@ class Scheduler(BaseScheduler):
     # -- enqueue ----------------------------------------------------------------------------
 
     def enqueue_request(self, request: Request) -> bool:
+        if self._job_finished:
+            return False
         if self.retry_pass is not None and request.meta.get("is_start_request"):
             # A retry pass crawls the dead letters and what they lead to, not the start.
             return False
@@ -541,6 +574,8 @@ class Scheduler(BaseScheduler):
     # -- claim ------------------------------------------------------------------------------
 
     def has_pending_requests(self) -> bool:
+        if self._job_finished:
+            return False
         return bool(
             self._ready
             or self._batch
@@ -699,6 +734,7 @@ class Scheduler(BaseScheduler):
             return
         result = future.result()
         if result.rows:
+            self._poll_delay = _FIRST_POLL_SECONDS
             self._idle_until = 0.0
             self._maybe_pending = True
             self.stats.inc_value("reliability/claimed", len(result.rows))
@@ -714,8 +750,11 @@ class Scheduler(BaseScheduler):
             self._idle_until = max(result.next_due, now + 0.05)
             self._wake_at(self._idle_until)
         elif result.leased_elsewhere:
+            # Other workers hold leases: their pages may yield new requests any time.
+            # Look again soon, then less and less often while nothing turns up.
             self._maybe_pending = True
-            self._idle_until = now + _POLL_SECONDS
+            self._idle_until = now + self._poll_delay
+            self._poll_delay = min(self._poll_delay * 2, _POLL_SECONDS)
             self._wake_at(self._idle_until)
         else:
             # Nothing pending anywhere: only a write of ours can change that.
@@ -1110,6 +1149,8 @@ class Scheduler(BaseScheduler):
             )
             return
         _renewed, expired = future.result()
+        if self.frontier is not None:
+            self.stats.set_value("reliability/db/round_trips", self.frontier.round_trips)
         if expired:
             self.stats.inc_value("reliability/lease/recovered", expired)
             logger.info(
@@ -1129,7 +1170,14 @@ class Scheduler(BaseScheduler):
             if self._wake_call.getTime() <= the_reactor().seconds() + delay:
                 return
             self._wake_call.cancel()
-        self._wake_call = the_reactor().callLater(delay, self._wake_engine)
+        self._wake_call = the_reactor().callLater(delay, self._due)
+
+    def _due(self) -> None:
+        # The reactor's clock is not time.time(): a call may fire a hair before
+        # _idle_until, and a claim skipped then would wait for the engine's 5 s
+        # heartbeat.
+        self._idle_until = 0.0
+        self._wake_engine()
 
     def _wake_engine(self) -> None:
         """Ask the engine to call next_request() now rather than at its next

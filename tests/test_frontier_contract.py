@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 from sqlalchemy import insert, select
@@ -17,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from scrapy_reliability.frontier import (
     ClaimResult,
     Frontier,
+    JobFinished,
     JobMismatch,
     LeaseLost,
     NewRequest,
@@ -494,7 +496,7 @@ def test_running_job_resumes(frontier: Frontier) -> None:
     assert frontier.job_state(first.id) == "running"
 
 
-def test_finished_job_starts_a_new_generation(frontier: Frontier) -> None:
+def test_finished_job_is_not_started_again_unless_asked(frontier: Frontier) -> None:
     first = frontier.open_job("spider", SCHEME, now=NOW)
     frontier.add(first.id, [req("a"), req("b")])
     assert frontier.finish_job_if_complete(first.id, now=NOW) is False  # pending
@@ -506,7 +508,14 @@ def test_finished_job_starts_a_new_generation(frontier: Frontier) -> None:
     assert frontier.finish_job_if_complete(first.id, now=NOW + 1) is True
     assert frontier.job_state(first.id) == "finished"
 
-    second = frontier.open_job("spider", SCHEME, now=NOW + 2)
+    # A worker joining the finished job is told so; nothing is created.
+    with pytest.raises(JobFinished) as info:
+        frontier.open_job("spider", SCHEME, now=NOW + 2)
+    assert (info.value.generation, info.value.finished_at) == (1, NOW + 1)
+    assert "RELIABILITY_RESTART_FINISHED" in str(info.value)
+    assert frontier.counts(first.id) == {"done": 1, "dead": 1}
+
+    second = frontier.open_job("spider", SCHEME, restart_finished=True, now=NOW + 2)
     assert (second.generation, second.resumed) == (2, False)
     assert second.id != first.id
     assert frontier.add(second.id, [req("a")]) == {"a"}  # fresh dedup
@@ -530,7 +539,9 @@ def test_dedup_scheme_cannot_change_mid_job(frontier: Frontier, job_id: int) -> 
     assert frontier.job_state(job_id) == "running"
     # Once the job finished, the next generation may use another scheme.
     assert frontier.finish_job_if_complete(job_id, now=NOW)
-    new = frontier.open_job("spider", "myproject.fingerprints.Other", now=NOW)
+    new = frontier.open_job(
+        "spider", "myproject.fingerprints.Other", restart_finished=True, now=NOW
+    )
     assert (new.generation, new.dedup_scheme) == (2, "myproject.fingerprints.Other")
 
 
@@ -677,3 +688,53 @@ def test_concurrent_claims_never_share_a_row(postgres_url: str) -> None:
     finally:
         for store in [*workers_, setup]:
             store.close()
+
+
+@pytest.mark.postgres
+def test_a_write_aborted_as_a_deadlock_runs_again(postgres_url: str) -> None:
+    """Two workers inserting the same new keys in opposite orders deadlock; the
+    write PostgreSQL aborts runs again at once instead of failing."""
+    from sqlalchemy import create_engine, text
+
+    frontier = Frontier.connect(postgres_url)
+    other = create_engine(postgres_url)
+    try:
+        job_id = frontier.open_job("spider", SCHEME, now=NOW).id
+        with other.connect() as conn:
+            # This session waits 10 s before checking for a deadlock, so the
+            # frontier's session (1 s, the default) is the one aborted.
+            conn.execute(text("SET deadlock_timeout = '10s'"))
+            conn.execute(insert(requests).values(**row_values(job_id, "b")))
+            result: list[object] = []
+            writer = threading.Thread(
+                target=lambda: result.append(
+                    frontier.write(job_id, WriteBatch(inserts=[req("a"), req("b")]))
+                )
+            )
+            writer.start()
+            time.sleep(0.5)  # the write inserted "a" and waits for "b"
+            conn.execute(insert(requests).values(**row_values(job_id, "a")))  # waits for "a"
+            conn.commit()
+            writer.join(timeout=30)
+        assert result, "the write failed instead of running again"
+        assert frontier.deadlocks == 1
+        assert frontier.counts(job_id) == {"pending": 2}
+    finally:
+        frontier.close()
+        other.dispose()
+
+
+def row_values(job_id: int, fp: str) -> dict[str, object]:
+    return {
+        "job_id": job_id,
+        "fingerprint": fp,
+        "state": "pending",
+        "priority": 0,
+        "domain": "example.com",
+        "url": f"https://example.com/{fp}",
+        "payload": "{}",
+        "not_before": 0.0,
+        "attempts": 0,
+        "created_at": NOW,
+        "updated_at": NOW,
+    }

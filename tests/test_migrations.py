@@ -369,3 +369,39 @@ def test_migrate_command_fails_cleanly(case: str, sqlite_url: str, tmp_path: Pat
     assert result.returncode != 0
     assert "Traceback" not in output
     assert "error:" in result.stdout
+
+
+@pytest.mark.postgres
+def test_workers_starting_together_create_a_fresh_database_once(postgres_url: str) -> None:
+    """Several workers connecting at the same moment to an empty database: one
+    creates the schema, the others wait for it and find it at head."""
+    import threading
+
+    engines = [create_engine(postgres_url) for _ in range(4)]
+    try:
+        for _ in range(5):
+            with engines[0].begin() as conn:  # empty again
+                conn.execute(text("DROP SCHEMA public CASCADE"))
+                conn.execute(text("CREATE SCHEMA public"))
+            errors: list[BaseException] = []
+            barrier = threading.Barrier(len(engines))
+
+            def start(
+                engine: Engine, barrier: threading.Barrier, errors: list[BaseException]
+            ) -> None:
+                barrier.wait()
+                try:
+                    migrate.check(engine, auto_migrate=False)
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=start, args=(e, barrier, errors)) for e in engines]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            assert errors == []
+            assert migrate.current_revision(engines[0]) == HEAD
+    finally:
+        for e in engines:
+            e.dispose()

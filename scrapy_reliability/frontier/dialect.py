@@ -82,7 +82,10 @@ def create(url: URL, *, busy_timeout: float) -> Engine:
             )
             _configure_sqlite(engine)
             return engine
-        return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=2)
+        # No pool_pre_ping: it costs a round trip per transaction. A connection the
+        # server dropped fails its statement, the pool discards it, and the caller's
+        # retry (the scheduler retries every failed write and claim) gets a new one.
+        return create_engine(url, pool_size=2, max_overflow=2)
     except NoSuchModuleError:
         raise FrontierUnavailable(
             f"No database driver for {redact(url)}: install it, e.g. "
@@ -135,6 +138,15 @@ def greatest(engine: Engine, *values: Any) -> Any:
 def least(engine: Engine, *values: Any) -> Any:
     """SQL LEAST (SQLite spells it min with several arguments)."""
     return func.min(*values) if is_sqlite(engine) else func.least(*values)
+
+
+#: SQLSTATEs of a transaction PostgreSQL aborted only because of a concurrent one.
+_RETRYABLE = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether ``exc`` (a DBAPIError) aborted a transaction that may simply run again."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) in _RETRYABLE
 
 
 def insert_ignore(table: Table, engine: Engine) -> Insert:

@@ -59,3 +59,17 @@ class FrontierLocked(FrontierError):
 
 class JobMismatch(FrontierError):
     """The stored job was created with settings that cannot change mid-job."""
+
+
+class JobFinished(FrontierError):
+    """The job's last run finished: a worker that joins it has nothing to do."""
+
+    def __init__(self, name: str, generation: int, finished_at: float | None):
+        self.name = name
+        self.generation = generation
+        self.finished_at = finished_at
+        super().__init__(
+            f"Job {name!r} (run {generation}) already finished; nothing to do. To crawl "
+            "it again from its start requests set RELIABILITY_RESTART_FINISHED = True "
+            "(on one worker), or start another job (another JOBDIR or RELIABILITY_JOB)."
+        )

@@ -39,19 +39,34 @@ def current_revision(engine: Engine) -> str | None:
         return context.get_current_revision()
 
 
-def upgrade(engine: Engine) -> tuple[str | None, str]:
+def upgrade(engine: Engine, *, create_only: bool = False) -> tuple[str | None, str]:
     """Bring the schema to head; return (revision before, revision after).
 
     A database at a revision this release does not know is refused
-    (:class:`SchemaTooNew`) and left untouched.
+    (:class:`SchemaTooNew`) and left untouched; so is one with frontier tables but
+    no version. Everything is decided under the migration lock, so workers
+    starting together on a fresh database create it once. With ``create_only``
+    an existing older schema is refused (:class:`SchemaOutdated`) instead.
     """
+    url = redact(engine.url)
     try:
         with engine.begin() as conn, migration_lock(conn):
             before = MigrationContext.configure(
                 conn, opts={"version_table": VERSION_TABLE}
             ).get_current_revision()
-            if before is not None and before not in _known_revisions():
-                raise SchemaTooNew(redact(engine.url), before)
+            if before is None:
+                existing = set(inspect(conn).get_table_names()) & set(metadata.tables)
+                if existing:
+                    raise SchemaError(
+                        f"The database {url} has frontier tables "
+                        f"({', '.join(sorted(existing))}) but no {VERSION_TABLE} table, so "
+                        "its schema version is unknown. Point RELIABILITY_DATABASE_URL at "
+                        "another database or drop those tables."
+                    )
+            elif before not in _known_revisions():
+                raise SchemaTooNew(url, before)
+            elif create_only and before != head_revision():
+                raise SchemaOutdated(url, before, head_revision())
             cfg = _config()
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
@@ -96,14 +111,9 @@ def check(engine: Engine, *, auto_migrate: bool) -> None:
     if current == head:
         return
     if current is None:
-        existing = set(inspect(engine).get_table_names()) & set(metadata.tables)
-        if existing:
-            raise SchemaError(
-                f"The database {url} has frontier tables ({', '.join(sorted(existing))}) "
-                f"but no {VERSION_TABLE} table, so its schema version is unknown. Point "
-                "RELIABILITY_DATABASE_URL at another database or drop those tables."
-            )
-        upgrade(engine)
+        # A fresh database, unless another worker creates it meanwhile: upgrade()
+        # looks again under the lock.
+        upgrade(engine, create_only=not auto_migrate)
         return
     if current not in _known_revisions():
         raise SchemaTooNew(url, current)

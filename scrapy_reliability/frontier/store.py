@@ -23,17 +23,17 @@ from sqlalchemy import (
     and_,
     bindparam,
     delete,
+    event,
     func,
     literal,
-    or_,
     select,
     update,
 )
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
 from scrapy_reliability.frontier import dialect, migrate
-from scrapy_reliability.frontier.errors import JobMismatch, LeaseLost
+from scrapy_reliability.frontier.errors import JobFinished, JobMismatch, LeaseLost
 from scrapy_reliability.frontier.politeness import DomainState, Politeness
 from scrapy_reliability.frontier.schema import (
     DEAD,
@@ -58,6 +58,8 @@ _MIN_RATE_FACTOR = 0.05
 
 # Rows per INSERT statement: far below SQLite's bound-parameter limit.
 _INSERT_CHUNK = 400
+# A write aborted as a deadlock or serialization failure runs again at most this often.
+_DEADLOCK_RETRIES = 3
 
 
 class Outcome(str, enum.Enum):
@@ -201,6 +203,18 @@ class Frontier:
         self._insert_domain = dialect.insert_ignore(domains, engine)
         self._known_domains: set[tuple[int, str]] = set()
         self._rng = random.Random()
+        #: Database calls made through this frontier: statements (an executemany
+        #: sent in batches counts each batch), BEGINs and COMMITs/ROLLBACKs. On
+        #: PostgreSQL each is a network round trip.
+        self.round_trips = 0
+        #: Writes run again after PostgreSQL aborted them as a deadlock.
+        self.deadlocks = 0
+        event.listen(engine, "before_cursor_execute", self._count_round_trip)
+        for name in ("begin", "commit", "rollback"):
+            event.listen(engine, name, self._count_round_trip)
+
+    def _count_round_trip(self, *_args: Any) -> None:
+        self.round_trips += 1
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Connection]:
@@ -258,26 +272,49 @@ class Frontier:
         dedup_scheme: str,
         *,
         reuse_finished: bool = False,
+        restart_finished: bool = False,
         now: float | None = None,
     ) -> Job:
-        """The running job of that name, or a new generation when the last one
-        finished (or none exists). With ``reuse_finished`` (a retry pass) the
-        last generation is returned even when finished."""
+        """The running job of that name, or its first run when none exists.
+
+        When the last run finished: with ``reuse_finished`` (a retry pass) that run
+        is returned; with ``restart_finished`` a new run (generation) starts;
+        otherwise :class:`JobFinished` is raised, so that a worker joining a
+        finished job never starts the whole crawl again by accident."""
         now = time.time() if now is None else now
         try:
-            return self._open_job(name, dedup_scheme, reuse_finished, now)
+            return self._open_job(name, dedup_scheme, reuse_finished, restart_finished, now)
         except IntegrityError:
             # Another worker created this generation at the same moment: join it.
-            return self._open_job(name, dedup_scheme, reuse_finished, now)
+            return self._open_job(name, dedup_scheme, reuse_finished, False, now)
 
-    def _open_job(self, name: str, dedup_scheme: str, reuse_finished: bool, now: float) -> Job:
+    def _open_job(
+        self,
+        name: str,
+        dedup_scheme: str,
+        reuse_finished: bool,
+        restart_finished: bool,
+        now: float,
+    ) -> Job:
         with self.engine.begin() as conn:
             row = conn.execute(
-                select(jobs.c.id, jobs.c.generation, jobs.c.state, jobs.c.dedup_scheme)
+                select(
+                    jobs.c.id,
+                    jobs.c.generation,
+                    jobs.c.state,
+                    jobs.c.dedup_scheme,
+                    jobs.c.finished_at,
+                )
                 .where(jobs.c.name == name)
                 .order_by(jobs.c.generation.desc())
                 .limit(1)
             ).first()
+            if (
+                row is not None
+                and row.state != JOB_RUNNING
+                and not (reuse_finished or restart_finished)
+            ):
+                raise JobFinished(name, row.generation, row.finished_at)
             if row is not None and (row.state == JOB_RUNNING or reuse_finished):
                 if row.dedup_scheme != dedup_scheme:
                     raise JobMismatch(
@@ -373,6 +410,19 @@ class Frontier:
         transitions, in one transaction: a parent's ack never commits before
         the children it yielded."""
         now = time.time() if now is None else now
+        for attempt in range(_DEADLOCK_RETRIES):
+            try:
+                return self._write(job_id, batch, now)
+            except DBAPIError as exc:
+                # Two workers inserting the same new keys in different orders can
+                # deadlock; PostgreSQL aborts one transaction, which is safe to run
+                # again at once (it changed nothing).
+                if attempt + 1 == _DEADLOCK_RETRIES or not dialect.is_retryable(exc):
+                    raise
+                self.deadlocks += 1
+        raise AssertionError("unreachable")
+
+    def _write(self, job_id: int, batch: WriteBatch, now: float) -> WriteResult:
         with self.engine.begin() as conn:
             inserted = self._insert_requests(conn, job_id, batch.inserts, now)
             if batch.dead_items:
@@ -641,24 +691,21 @@ class Frontier:
             states: dict[str, DomainState] = {}
             for _round in range(3):
                 want = limit - len(taken)
+                # No join with the domains: a subquery of the (few) paused ones keeps
+                # the plan an index scan in claim order whatever the table statistics.
+                paused = select(d.c.domain).where(d.c.job_id == job_id, d.c.paused_until > now)
                 candidates = conn.execute(
                     select(requests.c.id, requests.c.domain)
-                    .select_from(
-                        requests.outerjoin(
-                            d,
-                            and_(d.c.job_id == requests.c.job_id, d.c.domain == requests.c.domain),
-                        )
-                    )
                     .where(
                         requests.c.job_id == job_id,
                         requests.c.state == PENDING,
                         requests.c.not_before <= now,
-                        or_(d.c.domain.is_(None), d.c.paused_until <= now),
+                        requests.c.domain.not_in(paused),
                         *([requests.c.domain.not_in(sorted(excluded))] if excluded else []),
                     )
                     .order_by(requests.c.priority.desc(), order)
                     .limit(want * 4 if policy.limits_anything else want)
-                    .with_for_update(skip_locked=True, of=requests)
+                    .with_for_update(skip_locked=True)
                 ).all()
                 if not candidates:
                     break

@@ -1,0 +1,142 @@
+"""Many `scrapy crawl` processes on one frontier: kills and replacements, joining a
+finished job, one SQLite file per process."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from scrapy_reliability.testing.site import SiteConfig, SiteProcess
+from tests.crawling import Crawl, count_lines, make_project, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+
+def pages_of(*paths: Path) -> set[tuple[str, int]]:
+    return {(str(i["host"]), int(i["page"])) for p in paths for i in read_jsonl(p)}
+
+
+def worker(project: Path, site: SiteProcess, n: int, db_url: str, items: Path) -> Crawl:
+    crawl = Crawl(
+        project,
+        site.start_urls(),
+        f"RELIABILITY_DATABASE_URL={db_url}",
+        "RELIABILITY_JOB=shared",
+        f"ITEMS_PATH={items}",
+        "CONCURRENT_REQUESTS=4",
+    )
+    crawl.runs = 100 * n  # a log file of its own
+    return crawl
+
+
+@pytest.mark.postgres
+def test_four_workers_three_killed_and_replaced(tmp_path: Path, postgres_url: str):
+    """Acceptance: 4 workers on one Postgres, 3 x 500 pages, 3 random workers
+    SIGKILLed and replaced: every item present, every worker exits 0."""
+    config = SiteConfig(pages=500, latency_ms=5)
+    rng = random.Random(5)
+    project = make_project(tmp_path)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        items: list[Path] = []
+        running: list[tuple[Crawl, subprocess.Popen[bytes]]] = []
+
+        def start() -> None:
+            n = len(items)
+            items.append(tmp_path / f"items{n}.jsonl")
+            crawl = worker(project, site, n, postgres_url, items[-1])
+            running.append((crawl, crawl.start()))
+
+        for _ in range(4):
+            start()
+        killed = 0
+        for point in sorted(rng.sample(range(200, 1100), 3)):
+            while count_lines(site.log_path) < point:
+                time.sleep(0.02)
+            crawl, victim = running.pop(rng.randrange(len(running)))
+            victim.send_signal(signal.SIGKILL)
+            assert victim.wait(timeout=60) == -signal.SIGKILL, crawl.log()[-2000:]
+            killed += 1
+            start()
+        codes = [(proc.wait(timeout=300), crawl) for crawl, proc in running]
+        log = read_jsonl(site.log_path)
+    for code, crawl in codes:
+        assert code == 0, crawl.log()[-3000:]
+    assert killed == 3
+    expected = {(h, i) for h in config.hosts for i in range(config.pages)}
+    assert pages_of(*items) == expected
+    # Only what was in flight in a killed worker may be fetched twice: at most its
+    # CONCURRENT_REQUESTS (4) unacknowledged requests per kill.
+    fetched = Counter((e["host"], e["page"]) for e in log)
+    twice = sum(n - 1 for n in fetched.values())
+    print(f"4 workers, 3 killed and replaced: {len(expected)} pages, fetched twice: {twice}")
+    assert twice <= 4 * killed
+    # The replacements took the dead workers' leases back at once (same host, pid gone).
+    recovered = sum(
+        int(line.split(":")[1].strip().rstrip(","))
+        for _, crawl in codes
+        for line in crawl.log().splitlines()
+        if "'reliability/lease/recovered'" in line
+    )
+    assert recovered >= 1
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_worker_joining_a_finished_job_exits_at_once(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+):
+    config = SiteConfig(pages=30)
+    db = (
+        f"JOBDIR={tmp_path / 'job'}"
+        if backend == "sqlite"
+        else f"RELIABILITY_DATABASE_URL={request.getfixturevalue('postgres_url')}"
+    )
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        items = tmp_path / "items.jsonl"
+        crawl = Crawl(make_project(tmp_path), site.start_urls(), db, f"ITEMS_PATH={items}")
+        assert crawl.run() == 0, crawl.log()[-2000:]
+        first = count_lines(site.log_path)
+        assert len(pages_of(items)) == 3 * config.pages
+
+        started = time.monotonic()
+        assert crawl.run() == 0, crawl.log()[-2000:]
+        took = time.monotonic() - started
+        late = crawl.log()
+        assert count_lines(site.log_path) == first  # nothing fetched
+        assert "already finished; nothing to do" in late
+        assert "RELIABILITY_RESTART_FINISHED" in late
+        assert "'reliability/job/already_finished': True" in late
+        print(f"{backend}: the late worker exited after {took:.1f} s, fetching nothing")
+
+        # Asked for, a new run crawls the site again from its start requests.
+        crawl.settings.append("RELIABILITY_RESTART_FINISHED=True")
+        assert crawl.run() == 0, crawl.log()[-2000:]
+        assert "Starting job" in crawl.log() and "(run 2)" in crawl.log()
+        assert count_lines(site.log_path) >= 2 * first
+
+
+def test_a_second_process_on_one_sqlite_file_is_refused(tmp_path: Path):
+    config = SiteConfig(pages=200, latency_ms=50)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        project = make_project(tmp_path)
+        first = Crawl(project, site.start_urls(), f"JOBDIR={tmp_path / 'job'}")
+        second = Crawl(project, site.start_urls(), f"JOBDIR={tmp_path / 'job'}")
+        second.runs = 100
+        proc = first.start()
+        try:
+            while count_lines(site.log_path) < 5:
+                assert proc.poll() is None, first.log()[-2000:]
+                time.sleep(0.05)
+            assert second.run(timeout=120) != 0
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=120)
+    refused = second.log()
+    assert "is in use by" in refused and "PostgreSQL" in refused, refused[-2000:]

@@ -13,7 +13,7 @@ For each run: a fresh database; all N workers are started at once with
 round trips = the sum of their ``reliability/db/round_trips`` (every statement, BEGIN
 and COMMIT the frontier sent). Exit status 1 if a worker fails or a page is missing.
 
-    python bench/scaling.py [--pages 200] [--workers 1,2,4] [--repeat 2]
+    python bench/scaling.py [--pages 300] [--workers 1,2,4] [--repeat 2]
         [--latency-ms 200] [--concurrency 4] [--pg-admin-url URL]
 """
 
@@ -108,7 +108,7 @@ def run_workers(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pages", type=int, default=200, help="pages per host (3 hosts)")
+    parser.add_argument("--pages", type=int, default=300, help="pages per host (3 hosts)")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--latency-ms", type=float, default=200.0)

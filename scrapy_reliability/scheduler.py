@@ -96,7 +96,7 @@ _MAX_BUFFERED = 2000
 # With nothing due and other workers holding leases, look again after this long,
 # doubling up to _POLL_SECONDS while nothing turns up.
 _FIRST_POLL_SECONDS = 0.05
-_POLL_SECONDS = 1.0
+_POLL_SECONDS = 0.5
 
 
 class _Stage(enum.Enum):
@@ -186,6 +186,9 @@ class Scheduler(BaseScheduler):
         self._unhook: Callable[[], None] | None = None
         self._closing = False
         self.max_in_flight = config.max_in_flight or crawler.settings.getint("CONCURRENT_REQUESTS")
+        # Claim no more than this worker can start: rows leased into one worker's
+        # buffer wait there while other workers may have nothing to do.
+        self.claim_batch = max(1, min(config.claim_batch, self.max_in_flight))
         self.policy = RetryPolicy.from_settings(crawler.settings)
         self.retry_pass = config.retry_pass
         crawler.signals.connect(self._item_error, signal=signals.item_error)
@@ -608,7 +611,7 @@ class Scheduler(BaseScheduler):
         lease = self._leases.get(request.meta[TASK_META])
         if lease is not None:
             lease.stage = _Stage.FETCHING
-        if len(self._ready) <= self.config.claim_batch // 2:
+        if len(self._ready) <= self.claim_batch // 2:
             self._claim()
         self.stats.inc_value("reliability/dequeued")
         return request
@@ -711,7 +714,7 @@ class Scheduler(BaseScheduler):
         return self.frontier.claim(
             job_id,
             self.worker_id,
-            self.config.claim_batch,
+            self.claim_batch,
             lease_seconds=self.config.lease_seconds,
             newest_first=self.config.order == "dfs",
             politeness=self.config.politeness,

@@ -1,5 +1,5 @@
 """Many `scrapy crawl` processes on one frontier: kills and replacements, joining a
-finished job, one SQLite file per process."""
+finished job. (A second process on one SQLite file: test_lifecycle.py.)"""
 
 from __future__ import annotations
 
@@ -120,23 +120,3 @@ def test_a_worker_joining_a_finished_job_exits_at_once(
         assert crawl.run() == 0, crawl.log()[-2000:]
         assert "Starting job" in crawl.log() and "(run 2)" in crawl.log()
         assert count_lines(site.log_path) >= 2 * first
-
-
-def test_a_second_process_on_one_sqlite_file_is_refused(tmp_path: Path):
-    config = SiteConfig(pages=200, latency_ms=50)
-    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
-        project = make_project(tmp_path)
-        first = Crawl(project, site.start_urls(), f"JOBDIR={tmp_path / 'job'}")
-        second = Crawl(project, site.start_urls(), f"JOBDIR={tmp_path / 'job'}")
-        second.runs = 100
-        proc = first.start()
-        try:
-            while count_lines(site.log_path) < 5:
-                assert proc.poll() is None, first.log()[-2000:]
-                time.sleep(0.05)
-            assert second.run(timeout=120) != 0
-        finally:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=120)
-    refused = second.log()
-    assert "is in use by" in refused and "PostgreSQL" in refused, refused[-2000:]

@@ -406,6 +406,10 @@ def test_a_crashed_browser_loses_no_page(tmp_path: Path, chromium: str):
             site,
             "RELIABILITY_BACKOFF_BASE_SECONDS=0.2",
             "RELIABILITY_BACKOFF_MAX_SECONDS=0.5",
+            # No request waits for a page slot (PLAYWRIGHT_MAX_PAGES_PER_CONTEXT=6): one
+            # that waited on the dead browser's context once waited forever inside
+            # scrapy-playwright (see docs/playwright.md).
+            "CONCURRENT_REQUESTS=6",
             browser_every="2",
         )
         proc = crawl.start()

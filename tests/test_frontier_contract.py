@@ -738,3 +738,52 @@ def row_values(job_id: int, fp: str) -> dict[str, object]:
         "created_at": NOW,
         "updated_at": NOW,
     }
+
+
+def test_a_rolled_back_write_does_not_lose_its_domain_row(sqlite_url: str) -> None:
+    """A write that created a domain row and then failed is rolled back; written
+    again, its Retry-After pause must still land on that (re-created) domain row."""
+    from sqlalchemy import text
+
+    from scrapy_reliability.frontier.schema import domains
+
+    frontier = Frontier.connect(sqlite_url)
+    try:
+        job_id = frontier.open_job("spider", SCHEME, now=NOW).id
+        frontier.add(job_id, [req("a"), req("b")])
+        a, b = claim(frontier, job_id).rows
+        paused = Transition(
+            a.id,
+            a.token,
+            Outcome.RESCHEDULE,
+            payload=a.payload,
+            url="https://example.com/a",
+            not_before=NOW + 30,
+            attempts_inc=1,
+            status=429,
+            error_class="throttled",
+            domain="example.com",
+            pause_until=NOW + 30,
+            pause_reason="Retry-After (429)",
+        )
+        buried = Transition(b.id, b.token, Outcome.DEAD, error="gone", error_class="permanent")
+        with frontier.engine.begin() as conn:  # the dead letter of b cannot be written
+            conn.execute(
+                text(
+                    "CREATE TRIGGER no_dead BEFORE INSERT ON reliability_dead_letters "
+                    "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+                )
+            )
+        with pytest.raises(IntegrityError):
+            frontier.write(job_id, WriteBatch(transitions=[paused, buried]), now=NOW)
+        with frontier.engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER no_dead"))
+        result = frontier.write(job_id, WriteBatch(transitions=[paused]), now=NOW)
+        assert result.settled == [a.id]
+        with frontier.engine.connect() as conn:
+            pause = conn.execute(
+                select(domains.c.paused_until).where(domains.c.domain == "example.com")
+            ).scalar()
+        assert pause == NOW + 30
+    finally:
+        frontier.close()

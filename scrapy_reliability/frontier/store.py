@@ -201,7 +201,10 @@ class Frontier:
         )
         self._insert_fp = dialect.insert_ignore(fingerprints, engine)
         self._insert_domain = dialect.insert_ignore(domains, engine)
+        # Domain rows known to exist; those created by the open transaction join
+        # only once it commits (a rolled-back one would leave them missing).
         self._known_domains: set[tuple[int, str]] = set()
+        self._new_domains: set[tuple[int, str]] = set()
         self._rng = random.Random()
         #: Database calls made through this frontier: statements (an executemany
         #: sent in batches counts each batch), BEGINs and COMMITs/ROLLBACKs. On
@@ -215,6 +218,20 @@ class Frontier:
 
     def _count_round_trip(self, *_args: Any) -> None:
         self.round_trips += 1
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        """A write transaction."""
+        self._new_domains.clear()
+        committed = False
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+            committed = True
+        finally:
+            if committed:
+                self._known_domains |= self._new_domains
+            self._new_domains.clear()
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Connection]:
@@ -423,7 +440,7 @@ class Frontier:
         raise AssertionError("unreachable")
 
     def _write(self, job_id: int, batch: WriteBatch, now: float) -> WriteResult:
-        with self.engine.begin() as conn:
+        with self._transaction() as conn:
             inserted = self._insert_requests(conn, job_id, batch.inserts, now)
             if batch.dead_items:
                 self._insert_dead_items(conn, job_id, batch.dead_items, now)
@@ -476,7 +493,7 @@ class Frontier:
     def settle(self, transition: Transition, *, now: float | None = None) -> None:
         """Apply one transition; raise :class:`LeaseLost` if the token no longer holds."""
         now = time.time() if now is None else now
-        with self.engine.begin() as conn:
+        with self._transaction() as conn:
             job_id = conn.execute(
                 select(requests.c.job_id).where(requests.c.id == transition.task_id)
             ).scalar()
@@ -686,7 +703,7 @@ class Frontier:
         order = requests.c.id.desc() if newest_first else requests.c.id.asc()
         d = domains
         taken: list[int] = []
-        with self.engine.begin() as conn:
+        with self._transaction() as conn:
             excluded: set[str] = set()
             states: dict[str, DomainState] = {}
             for _round in range(3):
@@ -818,7 +835,11 @@ class Frontier:
     def _ensure_domains(
         self, conn: Connection, job_id: int, names: Iterable[str], now: float
     ) -> None:
-        missing = [n for n in names if (job_id, n) not in self._known_domains]
+        missing = [
+            n
+            for n in names
+            if (job_id, n) not in self._known_domains and (job_id, n) not in self._new_domains
+        ]
         if not missing:
             return
         conn.execute(
@@ -837,7 +858,7 @@ class Frontier:
                 ]
             )
         )
-        self._known_domains.update((job_id, n) for n in missing)
+        self._new_domains.update((job_id, n) for n in missing)
 
     def _next_start(
         self, conn: Connection, job_id: int, policy: Politeness, now: float

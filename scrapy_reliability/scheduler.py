@@ -736,6 +736,9 @@ class Scheduler(BaseScheduler):
             self._wake_at(self._idle_until)
             return
         result = future.result()
+        # The engine asks again: for the rows now buffered, or to find nothing (and
+        # perhaps the spider idle).
+        self._wake_engine()
         if result.rows:
             self._poll_delay = _FIRST_POLL_SECONDS
             self._idle_until = 0.0
@@ -743,10 +746,7 @@ class Scheduler(BaseScheduler):
             self.stats.inc_value("reliability/claimed", len(result.rows))
             for row in result.rows:
                 self._take(row)
-            self._wake_engine()
             return
-        # Nothing to start now: the engine asks again (and may find the spider idle).
-        self._wake_engine()
         now = time.time()
         if result.next_due is not None:
             self._maybe_pending = True

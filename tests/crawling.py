@@ -102,6 +102,16 @@ def signal_when(
     return proc.wait(timeout=120)
 
 
+def item_pages(items: list[dict[str, Any]]) -> set[tuple[str, int]]:
+    """The (host, page) of each item of the test project's spiders."""
+    return {(str(i["host"]), int(str(i["page"]))) for i in items}
+
+
+def pages_in(*paths: Path) -> set[tuple[str, int]]:
+    """The (host, page) of the items in these JSON-lines files."""
+    return {page for path in paths for page in item_pages(read_jsonl(path))}
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

@@ -12,7 +12,7 @@ from sqlalchemy import create_engine, func, select
 
 from scrapy_reliability.frontier import schema
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
-from tests.crawling import Crawl, make_project, page_requests, read_jsonl, signal_when
+from tests.crawling import Crawl, make_project, page_requests, pages_in, signal_when
 
 pytestmark = pytest.mark.slow
 
@@ -40,10 +40,6 @@ def frontier_rows(db: Path) -> dict[str, int]:
     return rows
 
 
-def pages_of(items: list[dict[str, object]]) -> set[tuple[str, int]]:
-    return {(str(i["host"]), int(str(i["page"]))) for i in items}
-
-
 def every_page(site: SiteProcess) -> set[tuple[str, int]]:
     return {(h, i) for h in site.hosts for i in range(PAGES)}
 
@@ -63,7 +59,7 @@ def test_one_ctrl_c_stops_cleanly_spends_no_attempt_and_resumes(tmp_path, site):
     assert rows["_attempts"] == 0, rows
     assert crawl.run() == 0
     assert "Resuming job" in crawl.log()
-    assert pages_of(read_jsonl(items)) == every_page(site)
+    assert pages_in(items) == every_page(site)
     rows = frontier_rows(jobdir / "reliability.sqlite")
     assert rows.get("pending", 0) == rows.get("leased", 0) == 0
 
@@ -91,7 +87,7 @@ def test_restart_takes_back_dead_leases_at_once(tmp_path, site):
     assert int(match.group(1)) == leased
     print(f"restart took back {leased} leases and finished in {elapsed:.1f} s (lease 600 s)")
     assert elapsed < 60
-    assert pages_of(read_jsonl(items)) == every_page(site)
+    assert pages_in(items) == every_page(site)
 
 
 def test_unstorable_meta_is_refused_by_name_and_the_crawl_goes_on(tmp_path, site):
@@ -109,7 +105,7 @@ def test_unstorable_meta_is_refused_by_name_and_the_crawl_goes_on(tmp_path, site
     assert "Refused to schedule" in log
     assert "meta['unstorable']" in log
     assert "'reliability/refused/unserializable': 3" in log  # page 5 of each host
-    assert pages_of(read_jsonl(items)) == every_page(site)
+    assert pages_in(items) == every_page(site)
 
 
 def test_dupefilter_alone_under_scrapy_scheduler(tmp_path):
@@ -129,7 +125,7 @@ def test_dupefilter_alone_under_scrapy_scheduler(tmp_path):
         assert crawl.run() == 0, crawl.log()[-2000:]
         counts = page_requests(site.log_path)
         assert max(counts.values()) == 1, counts.most_common(3)
-        assert pages_of(read_jsonl(items)) == every_page(site)
+        assert pages_in(items) == every_page(site)
         engine = create_engine(f"sqlite:///{tmp_path / 'job' / 'reliability.sqlite'}")
         with engine.connect() as conn:
             stored = conn.execute(select(func.count()).select_from(schema.fingerprints)).scalar()

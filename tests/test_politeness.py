@@ -15,7 +15,7 @@ from scrapy_reliability.config import Config, SettingError
 from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess, max_per_window
-from tests.crawling import Crawl, make_project, read_jsonl
+from tests.crawling import Crawl, make_project, pages_in, read_jsonl
 
 
 def per_host_times(log: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -24,10 +24,6 @@ def per_host_times(log: list[dict[str, Any]]) -> dict[str, list[float]]:
         if entry["page"] is not None:
             times[entry["host"]].append(entry["t"])
     return times
-
-
-def pages_of(path: Path) -> set[tuple[str, int]]:
-    return {(i["host"], i["page"]) for i in read_jsonl(path)}
 
 
 # -- settings ---------------------------------------------------------------------------------
@@ -168,7 +164,7 @@ def test_rate_5_per_second_burst_1_with_one_worker(tmp_path: Path):
         )
         assert crawl.run() == 0, crawl.log()[-2000:]
         log = read_jsonl(site.log_path)
-    assert pages_of(items) == {(h, i) for h in config.hosts for i in range(40)}
+    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(40)}
     worst = {host: max_per_window(times) for host, times in per_host_times(log).items()}
     print(f"max requests per host in any 1 s window (rate 5/s, burst 1): {worst}")
     assert max(worst.values()) <= 6
@@ -197,7 +193,7 @@ def test_rate_holds_across_two_workers_on_one_postgres(tmp_path: Path, postgres_
         codes = [p.wait(timeout=300) for p in procs]
         assert codes == [0, 0], [c.log()[-1500:] for c in crawls]
         log = read_jsonl(site.log_path)
-    got = pages_of(tmp_path / "items1.jsonl") | pages_of(tmp_path / "items2.jsonl")
+    got = pages_in(tmp_path / "items1.jsonl") | pages_in(tmp_path / "items2.jsonl")
     assert got == {(h, i) for h in config.hosts for i in range(40)}
     # Both workers really crawled.
     assert read_jsonl(tmp_path / "items1.jsonl") and read_jsonl(tmp_path / "items2.jsonl")
@@ -223,7 +219,7 @@ def test_strict_rate_limiter_with_retry_after_pauses_the_domain(tmp_path: Path):
         assert crawl.run(timeout=300) == 0, crawl.log()[-2000:]
         log = read_jsonl(site.log_path)
         final = crawl.log()
-    assert pages_of(items) == {(h, i) for h in config.hosts for i in range(60)}
+    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(60)}
     pausing = [e for e in log if e["status"] == 429 and not e["early"]]
     early = [e for e in log if e["early"]]
     print(f"429s that started a pause: {len(pausing)}; requests during a pause: {len(early)}")
@@ -249,7 +245,7 @@ def test_robots_crawl_delay_is_a_lower_bound(tmp_path: Path):
         assert crawl.run(timeout=300) == 0, crawl.log()[-2000:]
         log = read_jsonl(site.log_path)
         assert "Crawl-delay 0.5" in crawl.log()
-    assert pages_of(items) == {(h, i) for h in config.hosts for i in range(20)}
+    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(20)}
     worst = {host: max_per_window(times) for host, times in per_host_times(log).items()}
     print(f"Crawl-delay 0.5: max requests per host in any 1 s window: {worst}")
     assert max(worst.values()) <= 3

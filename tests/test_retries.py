@@ -20,16 +20,13 @@ from tests.crawling import (
     Crawl,
     crawl_with_kills,
     make_project,
+    pages_in,
     reachable_pages,
     read_jsonl,
     wait_until_quiet,
 )
 
 pytestmark = pytest.mark.slow
-
-
-def pages_of(items: list[dict[str, Any]]) -> set[tuple[str, int]]:
-    return {(str(i["host"]), int(i["page"])) for i in items}
 
 
 def faulty(config: SiteConfig, kind: str) -> set[tuple[str, int]]:
@@ -106,7 +103,7 @@ def test_every_fault_ends_as_the_table_says_across_two_kills(tmp_path: Path):
         )
         killed_at = crawl_with_kills(crawl, site.log_path, kills=2, seed=21)
         log = read_jsonl(site.log_path)
-    assert pages_of(read_jsonl(items)) == expected
+    assert pages_in(items) == expected
     cut_off = [e for e in log if e["early"] and _unseen_429(e, log, killed_at)]
     print(f"early requests repeating a 429 a kill cut off: {len(cut_off)}")
     early = [e for e in log if e["early"] and e not in cut_off]
@@ -145,7 +142,7 @@ def test_both_retry_after_forms_are_honoured(tmp_path: Path):
         )
         assert crawl.run() == 0, crawl.log()[-2000:]
         log = read_jsonl(site.log_path)
-    assert pages_of(read_jsonl(items)) == {(h, i) for h in config.hosts for i in range(40)}
+    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(40)}
     times: dict[tuple[str, int], list[float]] = defaultdict(list)
     for entry in log:
         if entry["page"] is not None:
@@ -199,7 +196,7 @@ def test_retry_scheduled_30s_ahead_survives_kill_9(tmp_path: Path):
             assert parked[page]["error_class"] == "throttled"
         assert crawl.run(timeout=120) == 0, crawl.log()[-2000:]
         log = read_jsonl(site.log_path)
-    assert pages_of(read_jsonl(items)) == {(h, i) for h in config.hosts for i in range(7)}
+    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(7)}
     assert not any(e["early"] for e in log)
     firsts: dict[tuple[str, int], list[float]] = defaultdict(list)
     for entry in log:
@@ -242,7 +239,7 @@ def test_failed_dead_letter_write_leaves_the_request_unresolved(tmp_path: Path):
         assert all(stored[p]["state"] == "pending" for p in reached_404)
         assert dead_letters(db) == []
         # The other pages were not held back by the poisoned burials.
-        assert pages_of(read_jsonl(items)) == expected - missing
+        assert pages_in(items) == expected - missing
         with sqlite3.connect(db) as conn:
             conn.execute("DROP TRIGGER reject_dead_letters")
         assert crawl.run() == 0, crawl.log()[-2000:]
@@ -308,7 +305,7 @@ def test_outage_dead_letters_export_then_retry_pass_recovers(tmp_path: Path):
                 assert (d["error_class"], d["status"], d["attempts"]) == ("transient", 503, 3)
         reached_404 = missing & failed
         assert {p for p in exported_pages if p in missing} == reached_404
-        before = pages_of(read_jsonl(items))
+        before = pages_in(items)
         assert before < expected
         dead_before = dead_letters(jobdir / "reliability.sqlite")
 
@@ -320,7 +317,7 @@ def test_outage_dead_letters_export_then_retry_pass_recovers(tmp_path: Path):
         stored = {
             page_key(r["url"]) for r in rows(jobdir / "reliability.sqlite") if "/p/" in r["url"]
         }
-    assert pages_of(read_jsonl(items)) == expected
+    assert pages_in(items) == expected
     left = dead_letters(jobdir / "reliability.sqlite")
     # Only the 404s stay: those from the crawl with one more pass counted, those the
     # retry pass found for the first time with none.

@@ -13,13 +13,9 @@ from pathlib import Path
 import pytest
 
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
-from tests.crawling import Crawl, count_lines, make_project, read_jsonl
+from tests.crawling import Crawl, count_lines, make_project, pages_in, read_jsonl
 
 pytestmark = pytest.mark.slow
-
-
-def pages_of(*paths: Path) -> set[tuple[str, int]]:
-    return {(str(i["host"]), int(i["page"])) for p in paths for i in read_jsonl(p)}
 
 
 def worker(project: Path, site: SiteProcess, n: int, db_url: str, items: Path) -> Crawl:
@@ -69,7 +65,7 @@ def test_four_workers_three_killed_and_replaced(tmp_path: Path, postgres_url: st
         assert code == 0, crawl.log()[-3000:]
     assert killed == 3
     expected = {(h, i) for h in config.hosts for i in range(config.pages)}
-    assert pages_of(*items) == expected
+    assert pages_in(*items) == expected
     # Only what was in flight in a killed worker may be fetched twice: at most its
     # CONCURRENT_REQUESTS (4) unacknowledged requests per kill.
     fetched = Counter((e["host"], e["page"]) for e in log)
@@ -103,7 +99,7 @@ def test_a_worker_joining_a_finished_job_exits_at_once(
         crawl = Crawl(make_project(tmp_path), site.start_urls(), db, f"ITEMS_PATH={items}")
         assert crawl.run() == 0, crawl.log()[-2000:]
         first = count_lines(site.log_path)
-        assert len(pages_of(items)) == 3 * config.pages
+        assert len(pages_in(items)) == 3 * config.pages
 
         started = time.monotonic()
         assert crawl.run() == 0, crawl.log()[-2000:]

@@ -145,6 +145,8 @@ class Scheduler(BaseScheduler):
         self._db = DatabaseThread()
         self._ready: deque[Request] = deque()
         self._leases: dict[int, _Lease] = {}
+        # Leases handed to the engine and not yet back (stage FETCHING), by domain.
+        self._fetching: dict[str, int] = {}
         self._poll_delay = _FIRST_POLL_SECONDS
         # Set when this worker joined a job that had already finished.
         self._job_finished = False
@@ -535,7 +537,7 @@ class Scheduler(BaseScheduler):
             )
             self.stats.inc_value("reliability/refused/unserializable")
             return False
-        lease.stage = _Stage.SETTLING
+        self._stage(lease, _Stage.SETTLING)
         self._settling[(lease.task_id, lease.token)] = lease
         failure = decided if isinstance(decided, dict) else {}
         pause_until = failure.get("pause_until")
@@ -607,34 +609,63 @@ class Scheduler(BaseScheduler):
             self._hold_paused()
         request = self._pick()
         if request is None:
+            if len(self._ready) < 2 * self.claim_batch and not self._closing:
+                # What is buffered waits for busy download slots: look for requests
+                # of other domains.
+                self._claim()
             return None
         lease = self._leases.get(request.meta[TASK_META])
         if lease is not None:
-            lease.stage = _Stage.FETCHING
+            self._stage(lease, _Stage.FETCHING)
         if len(self._ready) <= self.claim_batch // 2:
             self._claim()
         self.stats.inc_value("reliability/dequeued")
         return request
 
     def _pick(self) -> Request | None:
-        """The first buffered request that may start now. With ROBOTSTXT_OBEY, a
-        domain whose robots.txt this worker has not seen yet gets one request
-        (which fetches robots.txt); the others wait for its Crawl-delay."""
-        if not self._obey_robots:
-            return self._ready.popleft() if self._ready else None
-        now = time.time()
-        for _ in range(len(self._ready)):
-            request = self._ready.popleft()
+        """The request to start now, from the buffer (in claim order).
+
+        Downloader-aware: the first request whose download slot has room
+        (CONCURRENT_REQUESTS_PER_DOMAIN); none while every buffered request's slot is
+        full, as Scrapy's default DownloaderAwarePriorityQueue prefers idle slots.
+        Scrapy's downloader starts every request queued in a slot at once, beyond
+        the slot's concurrency, and its HTTP pool then opens connections only to
+        close them again. With ROBOTSTXT_OBEY, a domain whose robots.txt this
+        worker has not seen yet gets one request (which fetches robots.txt); the
+        others wait for its Crawl-delay."""
+        ready = self._ready
+        if not ready:
+            return None
+        downloader = getattr(getattr(self.crawler, "engine", None), "downloader", None)
+        slots: dict[str, Any] = getattr(downloader, "slots", None) or {}
+        per_domain = int(getattr(downloader, "domain_concurrency", 0) or 0)
+        now = time.time() if self._obey_robots else 0.0
+        best = -1
+        for i, request in enumerate(ready):
             lease = self._lease_of(request)
             domain = lease.domain if lease is not None else ""
-            asked = self._robots_asked.get(domain)
-            if asked is None:
-                self._robots_asked[domain] = now
-                return request
-            if domain in self._robots_seen or now - asked > _ROBOTS_WAIT:
-                return request
-            self._ready.append(request)
-        return None
+            if self._obey_robots and not self._robots_allow(domain, now):
+                continue
+            # A request handed over reaches its slot only after the downloader
+            # middlewares: count this worker's own too.
+            slot = slots.get(request.meta.get("download_slot") or domain)
+            limit = slot.concurrency if slot is not None else per_domain
+            busy = max(len(slot.active) if slot is not None else 0, self._fetching.get(domain, 0))
+            if not limit or busy < limit:
+                best = i
+                break
+        if best < 0:
+            return None
+        request = ready[best]
+        del ready[best]
+        if self._obey_robots:
+            lease = self._lease_of(request)
+            self._robots_asked.setdefault(lease.domain if lease is not None else "", now)
+        return request
+
+    def _robots_allow(self, domain: str, now: float) -> bool:
+        asked = self._robots_asked.get(domain)
+        return asked is None or domain in self._robots_seen or now - asked > _ROBOTS_WAIT
 
     def _robots_fetched(self, response: Any, request: Request, spider: Spider) -> None:
         """robots.txt of a domain arrived: its Crawl-delay bounds the domain's gap."""
@@ -690,7 +721,7 @@ class Scheduler(BaseScheduler):
             if lease is None or paused_until is None:
                 keep.append(request)
                 continue
-            lease.stage = _Stage.SETTLING
+            self._stage(lease, _Stage.SETTLING)
             self._settling[(lease.task_id, lease.token)] = lease
             self._batch.transitions.append(
                 Transition(lease.task_id, lease.token, Outcome.RELEASE, not_before=paused_until)
@@ -799,7 +830,7 @@ class Scheduler(BaseScheduler):
     def _scrape_started(self, request: Request) -> None:
         lease = self._lease_of(request)
         if lease is not None and lease.stage is _Stage.FETCHING:
-            lease.stage = _Stage.SCRAPING
+            self._stage(lease, _Stage.SCRAPING)
 
     def _scraped(self, result: Any, request: Request) -> Deferred[Any] | None:
         """Scrapy is done with ``request``: output consumed, children scheduled,
@@ -919,7 +950,7 @@ class Scheduler(BaseScheduler):
         error_class: str | None = None,
         attempts_inc: int = 0,
     ) -> None:
-        lease.stage = _Stage.SETTLING
+        self._stage(lease, _Stage.SETTLING)
         self._settling[(lease.task_id, lease.token)] = lease
         self._batch.transitions.append(
             Transition(
@@ -1096,11 +1127,25 @@ class Scheduler(BaseScheduler):
             self._idle_until = 0.0
             self._maybe_pending = True
 
+    def _stage(self, lease: _Lease, stage: _Stage) -> None:
+        """Move ``lease`` to ``stage``, counting this worker's requests in the
+        downloader per domain (see :meth:`_pick`)."""
+        if lease.stage is _Stage.FETCHING:
+            left = self._fetching[lease.domain] - 1
+            if left > 0:
+                self._fetching[lease.domain] = left
+            else:
+                del self._fetching[lease.domain]
+        if stage is _Stage.FETCHING:
+            self._fetching[lease.domain] = self._fetching.get(lease.domain, 0) + 1
+        lease.stage = stage
+
     def _forget(self, task_id: int, token: str) -> None:
         # The row may already be claimed again under a new lease (a claim result can
         # be handled before the callback of the write that freed the row).
         lease = self._leases.get(task_id)
         if lease is not None and lease.token == token:
+            self._stage(lease, _Stage.SETTLING)
             del self._leases[task_id]
 
     def _settled_watched(self) -> bool:

@@ -220,6 +220,11 @@ def request_to_payload(request: Request, spider: Spider) -> str:
     for field, extra in extras:
         if extra:
             data[field] = extra
+    try:
+        # Plain JSON values (most requests): no codec, so no spider context.
+        return json.dumps(data, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        pass
     with _for_spider(spider):
         try:
             return _dumps(data)
@@ -238,8 +243,11 @@ def request_to_payload(request: Request, spider: Spider) -> str:
 def payload_to_request(payload: str, spider: Spider) -> Request:
     """Rebuild the request stored by :func:`request_to_payload`."""
     gone: list[str] = []
-    with _for_spider(spider, gone):
-        data = json.loads(payload, object_hook=_object_hook)
+    if _TAG in payload:
+        with _for_spider(spider, gone):
+            data = json.loads(payload, object_hook=_object_hook)
+    else:  # no codec value anywhere (most requests)
+        data = json.loads(payload)
     if gone:
         meta = data.get("meta")
         if isinstance(meta, dict) and meta.get("playwright_page", False) is None:

@@ -229,6 +229,36 @@ def test_strict_rate_limiter_with_retry_after_pauses_the_domain(tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_concurrent_requests_per_domain_holds_with_frontier_limits_off(tmp_path: Path):
+    """With the frontier's own limits off, Scrapy's CONCURRENT_REQUESTS_PER_DOMAIN
+    still holds: the scheduler hands a domain no more than its download slot
+    takes (Scrapy's downloader would start a burst queued in one slot at once)."""
+    latency = 0.3
+    config = SiteConfig(pages=60, latency_ms=latency * 1000)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        items = tmp_path / "items.jsonl"
+        crawl = Crawl(
+            make_project(tmp_path),
+            site.start_urls(),
+            f"JOBDIR={tmp_path / 'job'}",
+            f"ITEMS_PATH={items}",
+            "CONCURRENT_REQUESTS=16",
+            "CONCURRENT_REQUESTS_PER_DOMAIN=2",
+        )
+        assert crawl.run() == 0, crawl.log()[-2000:]
+        log = read_jsonl(site.log_path)
+    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(60)}
+    # A connection carries one request at a time and each takes the latency, so
+    # arrivals inside a window shorter than it are requests in flight at once.
+    worst = {
+        host: max_per_window(times, window=latency * 0.8)
+        for host, times in per_host_times(log).items()
+    }
+    print(f"CONCURRENT_REQUESTS_PER_DOMAIN=2: most requests of a host in flight at once: {worst}")
+    assert max(worst.values()) <= 2
+
+
+@pytest.mark.slow
 def test_robots_crawl_delay_is_a_lower_bound(tmp_path: Path):
     config = SiteConfig(pages=20, crawl_delay=0.5)
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:

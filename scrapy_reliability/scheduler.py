@@ -52,6 +52,7 @@ from scrapy_reliability.dupefilter import DupeFilter
 from scrapy_reliability.frontier import (
     Claimed,
     ClaimResult,
+    ClaimSpec,
     DeadItem,
     DomainUpdate,
     Frontier,
@@ -161,7 +162,10 @@ class Scheduler(BaseScheduler):
         # or earlier by backpressure waiting for it.
         self._flush_handlers: dict[Future[WriteResult], Callable[[Future[WriteResult]], None]] = {}
         self._flush_scheduled = False
-        self._claim_future: Future[ClaimResult] | None = None
+        # The claim in flight: alone, or carried by the write in flight.
+        self._claim_future: Future[Any] | None = None
+        # A claim asked for while a write was in flight: it rides on the next write.
+        self._claim_wanted = False
         # Burials (and item dead letters) whose write failed, retried one by one.
         self._isolated: deque[WriteBatch] = deque()
         self._isolated_future: Future[WriteResult] | None = None
@@ -178,7 +182,8 @@ class Scheduler(BaseScheduler):
         )
         self._robots_asked: dict[str, float] = {}
         self._robots_seen: set[str] = set()
-        crawler.signals.connect(self._robots_fetched, signal=signals.response_received)
+        if self._obey_robots:
+            crawler.signals.connect(self._robots_fetched, signal=signals.response_received)
         # Nothing is due before this time unless something changed (a write landed).
         self._idle_until = 0.0
         self._maybe_pending = True
@@ -736,19 +741,35 @@ class Scheduler(BaseScheduler):
             return
         if time.time() < self._idle_until:
             return
-        if self._batch and self._flush_future is None:
-            self._flush()
+        if self._flush_future is not None:
+            # Rides on the next write, sent when this one lands: one transaction.
+            self._claim_wanted = True
+            return
+        self._claim_wanted = False
+        if self._batch:
+            self._flush(claim=True)
+            return
         self._claim_future = self._db.call_soon(self._claim_on_thread, self._claimed, self.job.id)
 
-    def _claim_on_thread(self, job_id: int) -> ClaimResult:
-        assert self.frontier is not None
-        return self.frontier.claim(
-            job_id,
+    def _claim_spec(self) -> ClaimSpec:
+        return ClaimSpec(
             self.worker_id,
             self.claim_batch,
             lease_seconds=self.config.lease_seconds,
             newest_first=self.config.order == "dfs",
             politeness=self.config.politeness,
+        )
+
+    def _claim_on_thread(self, job_id: int) -> ClaimResult:
+        assert self.frontier is not None
+        spec = self._claim_spec()
+        return self.frontier.claim(
+            job_id,
+            spec.worker_id,
+            spec.limit,
+            lease_seconds=spec.lease_seconds,
+            newest_first=spec.newest_first,
+            politeness=spec.politeness,
         )
 
     def _claimed(self, future: Future[ClaimResult]) -> None:
@@ -757,16 +778,23 @@ class Scheduler(BaseScheduler):
         self._claim_future = None
         exc = future.exception()
         if exc is not None:
-            logger.error(
-                "Claiming requests failed: %(error)s; trying again in %(s).0f s",
-                {"error": exc, "s": _WRITE_RETRY_SECONDS},
-                extra={"spider": self.spider},
-            )
-            self._idle_until = time.time() + _WRITE_RETRY_SECONDS
-            self._maybe_pending = True
-            self._wake_at(self._idle_until)
+            self._claim_failed(exc)
             return
-        result = future.result()
+        self._take_claimed(future.result())
+
+    def _claim_failed(self, exc: BaseException) -> None:
+        logger.error(
+            "Claiming requests failed: %(error)s; trying again in %(s).0f s",
+            {"error": exc, "s": _WRITE_RETRY_SECONDS},
+            extra={"spider": self.spider},
+        )
+        self._idle_until = time.time() + _WRITE_RETRY_SECONDS
+        self._maybe_pending = True
+        self._wake_at(self._idle_until)
+
+    def _take_claimed(self, result: ClaimResult) -> None:
+        if self._closing:
+            return  # its leases are released with the rest of this worker's
         # The engine asks again: for the rows now buffered, or to find nothing (and
         # perhaps the spider idle).
         self._wake_engine()
@@ -968,16 +996,20 @@ class Scheduler(BaseScheduler):
     # -- the write path ---------------------------------------------------------------------
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled and not self._closing:
+        # With a write in flight, its completion writes what gathered meanwhile.
+        if not self._flush_scheduled and not self._closing and self._flush_future is None:
             self._flush_scheduled = True
             the_reactor().callLater(0, self._flush)
 
-    def _flush(self) -> None:
+    def _flush(self, claim: bool = False) -> None:
         self._flush_scheduled = False
         if self._flush_future is not None or not self._batch or self.job is None:
             return
         if self._closing:
             return
+        # A claim wanted now rides on this write (one transaction, one commit).
+        claim = (claim or self._claim_wanted) and self._claim_future is None
+        self._claim_wanted = False
         # Items already written to feeds reach the file before their requests' acks.
         _feeds.flush_feeds(self._feed_exporters)
         batch, self._batch = self._batch, WriteBatch()
@@ -991,12 +1023,22 @@ class Scheduler(BaseScheduler):
             if self._flush_handlers.pop(future, None) is not None:
                 handle(future)
 
-        self._flush_future = self._db.call_soon(self._write_on_thread, on_done, self.job.id, batch)
+        self._flush_future = self._db.call_soon(
+            self._write_on_thread,
+            on_done,
+            self.job.id,
+            batch,
+            self._claim_spec() if claim else None,
+        )
         self._flush_handlers[self._flush_future] = handle
+        if claim:
+            self._claim_future = self._flush_future
 
-    def _write_on_thread(self, job_id: int, batch: WriteBatch) -> WriteResult:
+    def _write_on_thread(
+        self, job_id: int, batch: WriteBatch, claim: ClaimSpec | None = None
+    ) -> WriteResult:
         assert self.frontier is not None
-        return self.frontier.write(job_id, batch)
+        return self.frontier.write(job_id, batch, claim=claim)
 
     def _flushed(
         self, future: Future[WriteResult], batch: WriteBatch, requests: dict[str, Request]
@@ -1004,18 +1046,28 @@ class Scheduler(BaseScheduler):
         if future is not self._flush_future:
             return  # already handled (backpressure waited for it)
         self._flush_future = None
+        carried = future is self._claim_future
+        if carried:
+            self._claim_future = None
         exc = future.exception()
         if exc is not None:
             self._write_failed(exc, batch, requests)
+            if carried:
+                self._claim_failed(exc)
             return
+        result = future.result()
         try:
-            self._absorb(future.result(), batch, requests)
+            self._absorb(result, batch, requests)
         except Exception:
             # A bug in the bookkeeping must not stop the write loop: the batch is
             # committed; at worst leases are released at close and fetched again.
             logger.exception("Error accounting for a frontier write", extra={"spider": self.spider})
+        if carried and result.claimed is not None:
+            self._take_claimed(result.claimed)
         if self._batch:
-            self._schedule_flush()
+            self._flush()  # what gathered while this write ran
+        elif self._claim_wanted:
+            self._claim()
         self._wake_engine()
 
     def _write_failed(

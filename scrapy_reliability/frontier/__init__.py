@@ -18,6 +18,7 @@ from scrapy_reliability.frontier.errors import (
 from scrapy_reliability.frontier.store import (
     Claimed,
     ClaimResult,
+    ClaimSpec,
     DeadItem,
     DomainUpdate,
     Frontier,
@@ -31,6 +32,7 @@ from scrapy_reliability.frontier.store import (
 
 __all__ = [
     "ClaimResult",
+    "ClaimSpec",
     "Claimed",
     "DeadItem",
     "DomainUpdate",

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import random
 import secrets
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -183,6 +185,19 @@ class WriteResult:
     inserted: frozenset[str]
     settled: list[int]
     lost: list[int]
+    #: The claim run in the same transaction (``write(..., claim=...)``).
+    claimed: ClaimResult | None = None
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """A claim to run with a write, in its transaction (see :meth:`Frontier.claim`)."""
+
+    worker_id: str
+    limit: int
+    lease_seconds: float
+    newest_first: bool = False
+    politeness: Politeness | None = None
 
 
 def new_token() -> str:
@@ -197,12 +212,19 @@ class _HotSql:
     crawl takes from the reactor; as driver SQL about 20 us. Texts are built once
     per dialect (and list length), so drivers reuse their prepared statements.
     Values are always bound parameters; states are literals so that the partial
-    indexes match."""
+    indexes match.
+
+    On SQLite no statement returns one row per request: Python's sqlite3 releases
+    the GIL for every row it steps through, and each release hands the GIL to the
+    reactor thread and back (tens of thousands of context switches in a crawl).
+    Rows come back as one JSON array instead, and counts replace RETURNING; the
+    write lock (BEGIN IMMEDIATE) makes a count read before a change exact."""
 
     _COLUMNS = (
         "job_id, fingerprint, state, priority, domain, url, payload, not_before, "
         "attempts, created_at, updated_at"
     )
+    _CLAIMED = "id, fingerprint, payload, attempts, priority, first_failed_at"
 
     def __init__(self, engine: Engine):
         self.postgres = not dialect.is_sqlite(engine)
@@ -225,20 +247,30 @@ class _HotSql:
     def _list(self, values: Sequence[Any]) -> list[Any]:
         return [list(values)] if self.postgres else list(values)
 
-    def _list_key(self, n: int) -> int:
+    def _n(self, n: int) -> int:
+        """The text cache key of a list of ``n``: one text on PostgreSQL."""
         return 0 if self.postgres else n
 
-    def insert(self, job_id: int, rows: Sequence[NewRequest], now: float) -> tuple[str, list[Any]]:
-        """Insert-or-ignore on the dedup key, returning the fingerprints inserted."""
+    @staticmethod
+    def _json_rows(conn: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+        found = conn.exec_driver_sql(sql, tuple(params)).scalar()
+        return list(json.loads(found)) if found else []
+
+    def insert(
+        self, conn: Connection, job_id: int, rows: Sequence[NewRequest], now: float
+    ) -> set[str]:
+        """Insert-or-ignore on the dedup key; the fingerprints inserted."""
         p = self.p
         one = f"({p}, {p}, '{PENDING}', {p}, {p}, {p}, {p}, {p}, 0, {p}, {p})"
+        returning = " RETURNING fingerprint" if self.postgres else ""
         sql = self._text(
             "insert",
             len(rows),
             lambda: (
                 f"INSERT INTO {requests.name} ({self._COLUMNS}) VALUES "
                 + ", ".join([one] * len(rows))
-                + " ON CONFLICT DO NOTHING RETURNING fingerprint"
+                + " ON CONFLICT DO NOTHING"
+                + returning
             ),
         )
         params: list[Any] = []
@@ -254,43 +286,74 @@ class _HotSql:
                 now,
                 now,
             )
-        return sql, params
+        if self.postgres:
+            return set(conn.exec_driver_sql(sql, tuple(params)).scalars())
+        keys = [row.fingerprint for row in rows]
+        existing = self._text(
+            "existing",
+            len(rows),
+            lambda: (
+                f"SELECT json_group_array(fingerprint) FROM {requests.name} "
+                f"WHERE job_id = {p} AND {self._in('fingerprint', len(rows), 'text')}"
+            ),
+        )
+        present = set(self._json_rows(conn, existing, [job_id, *keys]))
+        conn.exec_driver_sql(sql, tuple(params))
+        return set(keys) - present
 
     def settle(
-        self, state: str, ids: Sequence[int], token: str, now: float
-    ) -> tuple[str, list[Any]]:
-        """Leased rows of one claim token to a final state, returning the ids that
-        still held it."""
+        self, conn: Connection, state: str, ids: Sequence[int], token: str, now: float
+    ) -> set[int]:
+        """Leased rows of one claim token to a final state; the ids that still
+        held it."""
         p = self.p
-        sql = self._text(
+        update_sql = self._text(
             "settle",
-            self._list_key(len(ids)),
+            self._n(len(ids)),
             lambda: (
                 f"UPDATE {requests.name} SET state = {p}, lease_token = NULL, "
                 f"worker_id = NULL, lease_expires_at = NULL, updated_at = {p} "
                 f"WHERE {self._in('id', len(ids), 'bigint')} AND lease_token = {p} "
-                f"AND state = '{LEASED}' RETURNING id"
+                f"AND state = '{LEASED}'"
             ),
         )
-        return sql, [state, now, *self._list(ids), token]
+        params = [state, now, *self._list(ids), token]
+        if self.postgres:
+            return set(conn.exec_driver_sql(update_sql + " RETURNING id", tuple(params)).scalars())
+        held_sql = self._text(
+            "held",
+            len(ids),
+            lambda: (
+                f"SELECT json_group_array(id) FROM {requests.name} "
+                f"WHERE {self._in('id', len(ids), 'bigint')} AND lease_token = {p} "
+                f"AND state = '{LEASED}'"
+            ),
+        )
+        held = {int(i) for i in self._json_rows(conn, held_sql, [*ids, token])}
+        if held:
+            conn.exec_driver_sql(update_sql, tuple(params))
+        return held
 
     def candidates(
         self,
+        conn: Connection,
         job_id: int,
+        *,
         now: float,
         excluded: Sequence[str],
         limit: int,
         newest_first: bool,
-    ) -> tuple[str, list[Any]]:
-        """Due pending rows of domains not paused (nor ``excluded``), in claim
-        order; on PostgreSQL locked, skipping rows a concurrent claim holds."""
+    ) -> list[tuple[int, str]]:
+        """Due pending rows (id, domain) of domains not paused (nor ``excluded``),
+        in claim order; on PostgreSQL locked, skipping rows a concurrent claim
+        holds."""
         p = self.p
         key = f"candidates-{'dfs' if newest_first else 'bfs'}-{bool(excluded)}"
         sql = self._text(
             key,
-            self._list_key(len(excluded)),
+            self._n(len(excluded)),
             lambda: (
-                f"SELECT id, domain FROM {requests.name} "
+                f"SELECT id, domain, priority FROM {requests.name} "
                 f"WHERE job_id = {p} AND state = '{PENDING}' AND not_before <= {p} "
                 # No join with the domains: a subquery of the (few) paused ones keeps
                 # the plan an index scan in claim order whatever the table statistics.
@@ -304,24 +367,75 @@ class _HotSql:
         params: list[Any] = [job_id, now, job_id, now]
         if excluded:
             params += self._list(excluded)
-        return sql, [*params, limit]
+        params.append(limit)
+        if self.postgres:
+            return [(r[0], r[1]) for r in conn.exec_driver_sql(sql, tuple(params))]
+        rows = self._json_rows(
+            conn,
+            self._text(
+                "json-" + key,
+                self._n(len(excluded)),
+                lambda: f"SELECT json_group_array(json_array(id, domain, priority)) FROM ({sql})",
+            ),
+            params,
+        )
+        # The aggregate's order is not guaranteed: claim order again.
+        rows.sort(key=lambda r: (-r[2], -r[0] if newest_first else r[0]))
+        return [(int(r[0]), str(r[1])) for r in rows]
 
     def lease(
-        self, ids: Sequence[int], token: str, worker_id: str, expires_at: float, now: float
-    ) -> tuple[str, list[Any]]:
-        """Lease the rows ``ids`` under ``token``, returning what a claim hands out."""
+        self,
+        conn: Connection,
+        ids: Sequence[int],
+        *,
+        token: str,
+        worker_id: str,
+        expires_at: float,
+        now: float,
+    ) -> list[Claimed]:
+        """Lease the rows ``ids`` (just selected, so pending) under ``token``."""
         p = self.p
-        sql = self._text(
+        update_sql = self._text(
             "lease",
-            self._list_key(len(ids)),
+            self._n(len(ids)),
             lambda: (
                 f"UPDATE {requests.name} SET state = '{LEASED}', lease_token = {p}, "
                 f"worker_id = {p}, lease_expires_at = {p}, updated_at = {p} "
-                f"WHERE {self._in('id', len(ids), 'bigint')} "
-                "RETURNING id, fingerprint, payload, attempts, priority, first_failed_at"
+                f"WHERE {self._in('id', len(ids), 'bigint')}"
             ),
         )
-        return sql, [token, worker_id, expires_at, now, *self._list(ids)]
+        params = [token, worker_id, expires_at, now, *self._list(ids)]
+        if self.postgres:
+            rows: Iterable[Sequence[Any]] = conn.exec_driver_sql(
+                f"{update_sql} RETURNING {self._CLAIMED}", tuple(params)
+            )
+        else:
+            conn.exec_driver_sql(update_sql, tuple(params))
+            rows = self._json_rows(
+                conn,
+                self._text(
+                    "leased",
+                    len(ids),
+                    lambda: (
+                        "SELECT json_group_array(json_array("
+                        f"{self._CLAIMED})) FROM {requests.name} "
+                        f"WHERE {self._in('id', len(ids), 'bigint')}"
+                    ),
+                ),
+                ids,
+            )
+        return [
+            Claimed(
+                int(r[0]),
+                token,
+                str(r[1]),
+                str(r[2]),
+                int(r[3]),
+                int(r[4]),
+                None if r[5] is None else float(r[5]),
+            )
+            for r in rows
+        ]
 
 
 class Frontier:
@@ -332,6 +446,9 @@ class Frontier:
         self.engine = engine
         self._lock = lock
         self._sql = _HotSql(engine)
+        self._local = threading.local()
+        self._held: list[Connection] = []
+        self._held_lock = threading.Lock()
         self._insert_fp = dialect.insert_ignore(fingerprints, engine)
         self._insert_domain = dialect.insert_ignore(domains, engine)
         # Domain rows known to exist; those created by the open transaction join
@@ -352,15 +469,38 @@ class Frontier:
     def _count_round_trip(self, *_args: Any) -> None:
         self.round_trips += 1
 
+    def _connection(self) -> Connection:
+        """This thread's connection for the hot transactions (write, claim,
+        settle), kept open: a pool checkout and its reset on return cost more
+        Python than the statements of a small write."""
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = self.engine.connect()
+            self._local.conn = conn
+            with self._held_lock:
+                self._held.append(conn)
+        return conn
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Connection]:
         """A write transaction."""
         self._new_domains.clear()
         committed = False
+        conn = self._connection()
         try:
-            with self.engine.begin() as conn:
+            with conn.begin():
                 yield conn
             committed = True
+        except BaseException:
+            # The connection may be broken (a server gone away): the next
+            # transaction starts on a fresh one.
+            self._local.conn = None
+            with self._held_lock:
+                if conn in self._held:
+                    self._held.remove(conn)
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise
         finally:
             if committed:
                 self._known_domains |= self._new_domains
@@ -409,6 +549,11 @@ class Frontier:
         return cls(engine, lock=lock)
 
     def close(self) -> None:
+        with self._held_lock:
+            held, self._held = self._held, []
+        for conn in held:
+            with contextlib.suppress(Exception):
+                conn.close()
         self.engine.dispose()
         if self._lock is not None:
             self._lock.release()
@@ -555,14 +700,22 @@ class Frontier:
 
     # -- the write path ---------------------------------------------------------------------
 
-    def write(self, job_id: int, batch: WriteBatch, *, now: float | None = None) -> WriteResult:
+    def write(
+        self,
+        job_id: int,
+        batch: WriteBatch,
+        *,
+        claim: ClaimSpec | None = None,
+        now: float | None = None,
+    ) -> WriteResult:
         """Insert new requests (insert-or-ignore on the dedup key), then apply
         transitions, in one transaction: a parent's ack never commits before
-        the children it yielded."""
+        the children it yielded. With ``claim``, a claim runs last in the same
+        transaction (one commit instead of two)."""
         now = time.time() if now is None else now
         for attempt in range(_DEADLOCK_RETRIES):
             try:
-                return self._write(job_id, batch, now)
+                return self._write(job_id, batch, claim, now)
             except DBAPIError as exc:
                 # Two workers inserting the same new keys in different orders can
                 # deadlock; PostgreSQL aborts one transaction, which is safe to run
@@ -572,7 +725,9 @@ class Frontier:
                 self.deadlocks += 1
         raise AssertionError("unreachable")
 
-    def _write(self, job_id: int, batch: WriteBatch, now: float) -> WriteResult:
+    def _write(
+        self, job_id: int, batch: WriteBatch, claim: ClaimSpec | None, now: float
+    ) -> WriteResult:
         with self._transaction() as conn:
             inserted = self._insert_requests(conn, job_id, batch.inserts, now)
             if batch.dead_items:
@@ -592,7 +747,8 @@ class Frontier:
                             dead_letters.c.request_id.in_(done), dead_letters.c.kind == "request"
                         )
                     )
-        return WriteResult(frozenset(inserted), settled, lost)
+            claimed = None if claim is None else self._claim_in(conn, job_id, claim, now)
+        return WriteResult(frozenset(inserted), settled, lost, claimed)
 
     def _insert_dead_items(
         self, conn: Connection, job_id: int, items: Sequence[DeadItem], now: float
@@ -639,8 +795,7 @@ class Frontier:
     ) -> set[str]:
         inserted: set[str] = set()
         for start in range(0, len(rows), _INSERT_CHUNK):
-            sql, params = self._sql.insert(job_id, rows[start : start + _INSERT_CHUNK], now)
-            inserted.update(conn.exec_driver_sql(sql, tuple(params)).scalars())
+            inserted |= self._sql.insert(conn, job_id, rows[start : start + _INSERT_CHUNK], now)
         return inserted
 
     def _apply_transitions(
@@ -657,8 +812,7 @@ class Frontier:
             else:
                 singles.append(tr)
         for (state, token), ids in groups.items():
-            sql, params = self._sql.settle(state, ids, token, now)
-            done = set(conn.exec_driver_sql(sql, tuple(params)).scalars())
+            done = self._sql.settle(conn, state, ids, token, now)
             settled.extend(done)
             lost.extend(i for i in ids if i not in done)
         for tr in singles:
@@ -801,76 +955,77 @@ class Frontier:
         are skipped and domain rows are locked, so limits hold across workers.
         """
         now = time.time() if now is None else now
-        policy = politeness or Politeness()
+        spec = ClaimSpec(worker_id, limit, lease_seconds, newest_first, politeness)
+        with self._transaction() as conn:
+            return self._claim_in(conn, job_id, spec, now)
+
+    def _claim_in(self, conn: Connection, job_id: int, spec: ClaimSpec, now: float) -> ClaimResult:
+        worker_id, limit, newest_first = spec.worker_id, spec.limit, spec.newest_first
+        lease_seconds = spec.lease_seconds
+        policy = spec.politeness or Politeness()
         token = new_token()
         taken: list[int] = []
-        with self._transaction() as conn:
-            excluded: set[str] = set()
-            states: dict[str, DomainState] = {}
-            for _round in range(3):
-                want = limit - len(taken)
-                sql, params = self._sql.candidates(
-                    job_id,
-                    now,
-                    sorted(excluded),
-                    want * 4 if policy.limits_anything else want,
-                    newest_first,
-                )
-                candidates = conn.exec_driver_sql(sql, tuple(params)).all()
-                if not candidates:
-                    break
-                if not policy.limits_anything:
-                    taken += [c.id for c in candidates]
-                    break
-                self._load_domain_states(
-                    conn, job_id, {c.domain for c in candidates} - set(states), states, now
-                )
-                blocked: set[str] = set()
-                for cand in candidates:
-                    if len(taken) >= limit:
-                        break
-                    state = states[cand.domain]
-                    if state.try_take(policy.limits_for(cand.domain), policy, now, self._rng):
-                        taken.append(cand.id)
-                    else:
-                        blocked.add(cand.domain)
-                if len(taken) >= limit or len(candidates) < want * 4 or not blocked:
-                    break
-                excluded |= blocked
-            changed = [
-                {"b_job": job_id, "b_domain": st.domain, "b_tat": st.tat}
-                for st in states.values()
-                if st.changed
-            ]
-            if changed:
-                conn.execute(_SET_TAT, changed)
-            if taken:
-                sql, params = self._sql.lease(taken, token, worker_id, now + lease_seconds, now)
-                rows = [
-                    Claimed(
-                        r.id,
-                        token,
-                        r.fingerprint,
-                        r.payload,
-                        r.attempts,
-                        r.priority,
-                        r.first_failed_at,
-                    )
-                    for r in conn.exec_driver_sql(sql, tuple(params))
-                ]
-                rows.sort(key=lambda c: (-c.priority, -c.id if newest_first else c.id))
-                return ClaimResult(rows)
-            return ClaimResult(
-                [],
-                self._next_start(conn, job_id, policy, now),
-                conn.execute(
-                    select(func.count()).where(
-                        requests.c.job_id == job_id,
-                        requests.c.state == LEASED,
-                        requests.c.worker_id != worker_id,
-                    )
-                ).scalar_one(),
+        excluded: set[str] = set()
+        states: dict[str, DomainState] = {}
+        for _round in range(3):
+            want = limit - len(taken)
+            candidates = self._sql.candidates(
+                conn,
+                job_id,
+                now=now,
+                excluded=sorted(excluded),
+                limit=want * 4 if policy.limits_anything else want,
+                newest_first=newest_first,
             )
+            if not candidates:
+                break
+            if not policy.limits_anything:
+                taken += [task_id for task_id, _ in candidates]
+                break
+            self._load_domain_states(
+                conn, job_id, {domain for _, domain in candidates} - set(states), states, now
+            )
+            blocked: set[str] = set()
+            for task_id, domain in candidates:
+                if len(taken) >= limit:
+                    break
+                state = states[domain]
+                if state.try_take(policy.limits_for(domain), policy, now, self._rng):
+                    taken.append(task_id)
+                else:
+                    blocked.add(domain)
+            if len(taken) >= limit or len(candidates) < want * 4 or not blocked:
+                break
+            excluded |= blocked
+        changed = [
+            {"b_job": job_id, "b_domain": st.domain, "b_tat": st.tat}
+            for st in states.values()
+            if st.changed
+        ]
+        if changed:
+            conn.execute(_SET_TAT, changed)
+        if taken:
+            rows = self._sql.lease(
+                conn,
+                taken,
+                token=token,
+                worker_id=worker_id,
+                expires_at=now + lease_seconds,
+                now=now,
+            )
+            rows.sort(key=lambda c: (-c.priority, -c.id if newest_first else c.id))
+            return ClaimResult(rows)
+        return ClaimResult(
+            [],
+            self._next_start(conn, job_id, policy, now),
+            conn.execute(
+                select(func.count()).where(
+                    requests.c.job_id == job_id,
+                    requests.c.state == LEASED,
+                    requests.c.worker_id != worker_id,
+                )
+            ).scalar_one(),
+        )
 
     def _load_domain_states(
         self,
@@ -1173,6 +1328,7 @@ def _cleared_lease(state: str, now: float) -> dict[str, object]:
 
 __all__ = [
     "ClaimResult",
+    "ClaimSpec",
     "Claimed",
     "Frontier",
     "Job",

@@ -166,6 +166,7 @@ class Scheduler(BaseScheduler):
         self._claim_future: Future[Any] | None = None
         # A claim asked for while a write was in flight: it rides on the next write.
         self._claim_wanted = False
+        self._inline = False
         # Burials (and item dead letters) whose write failed, retried one by one.
         self._isolated: deque[WriteBatch] = deque()
         self._isolated_future: Future[WriteResult] | None = None
@@ -306,6 +307,10 @@ class Scheduler(BaseScheduler):
             return
         job, recovered, counts = opened
         self.job = job
+        assert self.frontier is not None
+        # SQLite: writes and claims run on the reactor thread when the database
+        # thread is idle and the lock is free (see DatabaseThread).
+        self._inline = self.frontier.never_wait_on_this_thread()
         if self.retry_pass is not None:
             logger.info(
                 "Retry pass of job %(job)s (run %(gen)d): %(n)d dead letters back to pending "
@@ -749,7 +754,9 @@ class Scheduler(BaseScheduler):
         if self._batch:
             self._flush(claim=True)
             return
-        self._claim_future = self._db.call_soon(self._claim_on_thread, self._claimed, self.job.id)
+        self._claim_future = self._db.call_soon(
+            self._claim_on_thread, self._claimed, self.job.id, inline=self._inline
+        )
 
     def _claim_spec(self) -> ClaimSpec:
         return ClaimSpec(
@@ -1029,6 +1036,7 @@ class Scheduler(BaseScheduler):
             self.job.id,
             batch,
             self._claim_spec() if claim else None,
+            inline=self._inline,
         )
         self._flush_handlers[self._flush_future] = handle
         if claim:

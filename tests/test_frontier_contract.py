@@ -25,6 +25,7 @@ from scrapy_reliability.frontier import (
     Outcome,
     Transition,
     WriteBatch,
+    WriteResult,
 )
 from scrapy_reliability.frontier.schema import requests, workers
 
@@ -787,3 +788,98 @@ def test_a_rolled_back_write_does_not_lose_its_domain_row(sqlite_url: str) -> No
         assert pause == NOW + 30
     finally:
         frontier.close()
+
+
+# -- SQLite on the reactor thread: never wait for the lock -----------------------------------
+
+
+def test_a_transaction_that_would_wait_for_the_sqlite_lock_fails_fast_and_changes_nothing(
+    tmp_path,
+) -> None:
+    import sqlite3
+
+    from scrapy_reliability._executor import WouldWait
+
+    db = tmp_path / "f.sqlite"
+    frontier = Frontier.connect(f"sqlite:///{db}", auto_migrate=True)
+    try:
+        job_id = frontier.open_job("spider", SCHEME, now=NOW).id
+        assert frontier.never_wait_on_this_thread()
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process writing (a CLI command)
+        started = time.monotonic()
+        with pytest.raises(WouldWait):
+            frontier.write(job_id, WriteBatch(inserts=[req("a")]), now=NOW)
+        with pytest.raises(WouldWait):
+            claim(frontier, job_id)
+        waited = time.monotonic() - started
+        other.execute("ROLLBACK")
+        other.close()
+        assert waited < 1.0  # the busy timeout (30 s) applies on other threads only
+        assert frontier.counts(job_id).get("pending", 0) == 0  # nothing half-written
+        # Another thread (the database thread) waits for the lock as before.
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        done: list[WriteResult] = []
+        writer = threading.Thread(
+            target=lambda: done.append(frontier.write(job_id, WriteBatch(inserts=[req("a")])))
+        )
+        writer.start()
+        time.sleep(0.5)
+        assert not done  # waiting for the lock
+        other.execute("ROLLBACK")
+        other.close()
+        writer.join(10)
+        assert done and done[0].inserted == {"a"}
+        # Once the lock is free the same call works on this thread too.
+        assert frontier.write(job_id, WriteBatch(inserts=[req("b")]), now=NOW).inserted == {"b"}
+        assert fps(claim(frontier, job_id)) == ["a", "b"]
+    finally:
+        frontier.close()
+
+
+def test_database_thread_runs_a_call_that_would_wait_on_the_thread(monkeypatch) -> None:
+    from concurrent.futures import Future
+
+    from scrapy_reliability import _executor
+    from scrapy_reliability._executor import DatabaseThread, WouldWait
+
+    scheduled: list[tuple[object, ...]] = []
+
+    class Reactor:  # records what would run on the reactor thread
+        def callLater(self, _delay: float, fn: object, *args: object) -> None:
+            scheduled.append(("later", fn, *args))
+
+        def callFromThread(self, fn: object, *args: object) -> None:
+            scheduled.append(("thread", fn, *args))
+
+    monkeypatch.setattr(_executor, "the_reactor", Reactor)
+    monkeypatch.setattr(_executor, "_asyncio_reactor", lambda: False)
+    db = DatabaseThread()
+    calls: list[str] = []
+    caller = threading.get_ident()
+
+    def work() -> str:
+        calls.append(threading.current_thread().name)
+        if threading.get_ident() == caller:
+            raise WouldWait("locked")
+        return "written"
+
+    def on_done(_future: Future[str]) -> None:
+        pass
+
+    try:
+        inline = db.call_soon(lambda: "inline", on_done, inline=True)
+        assert inline.result(0) == "inline" and scheduled[-1][0] == "later"
+        moved = db.call_soon(work, on_done, inline=True)
+        assert moved.result(10) == "written"
+        assert calls[0] == threading.current_thread().name
+        assert calls[1].startswith("reliability-db")
+        # A call submitted while the thread is busy never jumps the queue.
+        gate = threading.Event()
+        busy = db.call_soon(gate.wait, on_done)
+        queued = db.call_soon(lambda: threading.current_thread().name, on_done, inline=True)
+        gate.set()
+        assert busy.result(10) and queued.result(10).startswith("reliability-db")
+    finally:
+        db.shutdown()

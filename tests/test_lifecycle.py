@@ -168,3 +168,37 @@ def test_wrong_database_url_is_a_clear_error_without_the_password(tmp_path, site
     assert "Cannot start the frontier" in log
     assert "RELIABILITY_DATABASE_URL" in log
     assert "s3cret" not in log
+
+
+def test_a_crawl_waits_out_another_process_holding_the_sqlite_write_lock(tmp_path, site):
+    """Writes and claims that run on the reactor never wait for SQLite's lock: while
+    another process holds it (a `scrapy frontier` command), they go to the database
+    thread, which waits; nothing is lost and the crawl finishes."""
+    import sqlite3
+
+    from tests.crawling import count_lines
+
+    project = make_project(tmp_path)
+    items = tmp_path / "items.jsonl"
+    jobdir = tmp_path / "job"
+    crawl = Crawl(project, site.start_urls(), f"JOBDIR={jobdir}", f"ITEMS_PATH={items}")
+    proc = crawl.start()
+    deadline = time.monotonic() + 60
+    while count_lines(site.log_path) < 200 and proc.poll() is None:
+        assert time.monotonic() < deadline, crawl.log()[-2000:]
+        time.sleep(0.01)
+    assert proc.poll() is None, "the crawl ended before the lock was taken"
+    other = sqlite3.connect(jobdir / "reliability.sqlite", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    held_at = count_lines(site.log_path)
+    time.sleep(3)
+    during = count_lines(site.log_path) - held_at
+    other.execute("ROLLBACK")
+    other.close()
+    assert proc.wait(timeout=120) == 0, crawl.log()[-2000:]
+    print(f"pages fetched while another process held the write lock for 3 s: {during}")
+    assert "ERROR" not in crawl.log()
+    assert pages_in(items) == every_page(site)
+    rows = frontier_rows(jobdir / "reliability.sqlite")
+    assert rows.get("pending", 0) == rows.get("leased", 0) == 0
+    assert rows["done"] == len(every_page(site)) + len(site.hosts)  # and the index pages

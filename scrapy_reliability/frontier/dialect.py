@@ -149,6 +149,17 @@ def is_retryable(exc: BaseException) -> bool:
     return getattr(getattr(exc, "orig", None), "sqlstate", None) in _RETRYABLE
 
 
+def is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's "database is locked" (another connection holds
+    the write lock)."""
+    orig = getattr(exc, "orig", exc)
+    code = getattr(orig, "sqlite_errorcode", None)  # Python >= 3.11
+    if code is not None:
+        return bool(code & 0xFF == 5)  # SQLITE_BUSY and its extended codes
+    message = str(orig).lower()
+    return "database is locked" in message or "database is busy" in message
+
+
 def insert_ignore(table: Table, engine: Engine) -> Insert:
     """``INSERT ... ON CONFLICT DO NOTHING`` for the engine's dialect."""
     if is_sqlite(engine):

@@ -34,6 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
+from scrapy_reliability._executor import WouldWait
 from scrapy_reliability.frontier import dialect, migrate
 from scrapy_reliability.frontier.errors import JobFinished, JobMismatch, LeaseLost
 from scrapy_reliability.frontier.politeness import DomainState, Politeness
@@ -447,6 +448,7 @@ class Frontier:
         self._lock = lock
         self._sql = _HotSql(engine)
         self._local = threading.local()
+        self._no_wait_thread: int | None = None
         self._held: list[Connection] = []
         self._held_lock = threading.Lock()
         self._insert_fp = dialect.insert_ignore(fingerprints, engine)
@@ -476,10 +478,35 @@ class Frontier:
         conn: Connection | None = getattr(self._local, "conn", None)
         if conn is None or conn.closed:
             conn = self.engine.connect()
+            if self._no_wait_thread == threading.get_ident():
+                # Never wait for a lock here (WouldWait instead), and leave WAL
+                # checkpoints (disk I/O) to the other connections.
+                # On the driver's connection: through SQLAlchemy they would begin
+                # a transaction (BEGIN IMMEDIATE), which waits for the lock.
+                raw: Any = conn.connection.dbapi_connection
+                raw.execute("PRAGMA busy_timeout = 0")
+                raw.execute("PRAGMA wal_autocheckpoint = 0")
             self._local.conn = conn
             with self._held_lock:
                 self._held.append(conn)
         return conn
+
+    def _drop(self, conn: Connection) -> None:
+        """Close a kept connection; one that never waits for a lock (busy timeout
+        0) must not go back to the pool, where any thread could get it."""
+        with contextlib.suppress(Exception):
+            if self._no_wait_thread is not None:
+                conn.invalidate()
+            conn.close()
+
+    def never_wait_on_this_thread(self) -> bool:
+        """Make hot transactions on the calling thread fail fast with
+        :class:`WouldWait` rather than wait for a lock; True when the database
+        allows it (SQLite: its calls are short and local)."""
+        if not dialect.is_sqlite(self.engine):
+            return False
+        self._no_wait_thread = threading.get_ident()
+        return True
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Connection]:
@@ -488,9 +515,17 @@ class Frontier:
         committed = False
         conn = self._connection()
         try:
-            with conn.begin():
+            try:
+                trans = conn.begin()
+            except OperationalError as exc:
+                if self._no_wait_thread == threading.get_ident() and dialect.is_busy(exc):
+                    raise WouldWait(str(exc)) from exc  # nothing began: keep the connection
+                raise
+            with trans:
                 yield conn
             committed = True
+        except WouldWait:
+            raise
         except BaseException:
             # The connection may be broken (a server gone away): the next
             # transaction starts on a fresh one.
@@ -498,8 +533,7 @@ class Frontier:
             with self._held_lock:
                 if conn in self._held:
                     self._held.remove(conn)
-            with contextlib.suppress(Exception):
-                conn.close()
+            self._drop(conn)
             raise
         finally:
             if committed:
@@ -552,8 +586,7 @@ class Frontier:
         with self._held_lock:
             held, self._held = self._held, []
         for conn in held:
-            with contextlib.suppress(Exception):
-                conn.close()
+            self._drop(conn)
         self.engine.dispose()
         if self._lock is not None:
             self._lock.release()

@@ -611,17 +611,14 @@ class Scheduler(BaseScheduler):
             held += 1
         if len(self._leases) - len(self._ready) - held >= self.max_in_flight:
             return None
-        if not self._ready and not self._closing:
-            # Never block the reactor on the database: the claim's callback wakes
-            # the engine when its rows are buffered.
-            self._claim()
         if self._paused:
             self._hold_paused()
         request = self._pick()
         if request is None:
             if len(self._ready) < 2 * self.claim_batch and not self._closing:
-                # What is buffered waits for busy download slots: look for requests
-                # of other domains.
+                # The buffer is empty, or what it holds waits (busy download slots,
+                # robots.txt): claim more. Never block the reactor on the database:
+                # the claim's callback wakes the engine when its rows are buffered.
                 self._claim()
             return None
         lease = self._leases.get(request.meta[TASK_META])
@@ -650,7 +647,6 @@ class Scheduler(BaseScheduler):
         slots: dict[str, Any] = getattr(downloader, "slots", None) or {}
         per_domain = int(getattr(downloader, "domain_concurrency", 0) or 0)
         now = time.time() if self._obey_robots else 0.0
-        best = -1
         for i, request in enumerate(ready):
             lease = self._lease_of(request)
             domain = lease.domain if lease is not None else ""
@@ -662,16 +658,11 @@ class Scheduler(BaseScheduler):
             limit = slot.concurrency if slot is not None else per_domain
             busy = max(len(slot.active) if slot is not None else 0, self._fetching.get(domain, 0))
             if not limit or busy < limit:
-                best = i
-                break
-        if best < 0:
-            return None
-        request = ready[best]
-        del ready[best]
-        if self._obey_robots:
-            lease = self._lease_of(request)
-            self._robots_asked.setdefault(lease.domain if lease is not None else "", now)
-        return request
+                del ready[i]
+                if self._obey_robots:
+                    self._robots_asked.setdefault(domain, now)
+                return request
+        return None
 
     def _robots_allow(self, domain: str, now: float) -> bool:
         asked = self._robots_asked.get(domain)

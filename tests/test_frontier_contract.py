@@ -8,13 +8,17 @@ See docs/DESIGN.md: the request lifecycle and its invariants.
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 
+from scrapy_reliability import _executor
+from scrapy_reliability._executor import DatabaseThread, WouldWait
 from scrapy_reliability.frontier import (
     ClaimResult,
     Frontier,
@@ -796,10 +800,6 @@ def test_a_rolled_back_write_does_not_lose_its_domain_row(sqlite_url: str) -> No
 def test_a_transaction_that_would_wait_for_the_sqlite_lock_fails_fast_and_changes_nothing(
     tmp_path,
 ) -> None:
-    import sqlite3
-
-    from scrapy_reliability._executor import WouldWait
-
     db = tmp_path / "f.sqlite"
     frontier = Frontier.connect(f"sqlite:///{db}", auto_migrate=True)
     try:
@@ -839,11 +839,6 @@ def test_a_transaction_that_would_wait_for_the_sqlite_lock_fails_fast_and_change
 
 
 def test_database_thread_runs_a_call_that_would_wait_on_the_thread(monkeypatch) -> None:
-    from concurrent.futures import Future
-
-    from scrapy_reliability import _executor
-    from scrapy_reliability._executor import DatabaseThread, WouldWait
-
     scheduled: list[tuple[object, ...]] = []
 
     class Reactor:  # records what would run on the reactor thread

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
@@ -12,7 +13,14 @@ from sqlalchemy import create_engine, func, select
 
 from scrapy_reliability.frontier import schema
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
-from tests.crawling import Crawl, make_project, page_requests, pages_in, signal_when
+from tests.crawling import (
+    Crawl,
+    count_lines,
+    make_project,
+    page_requests,
+    pages_in,
+    signal_when,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -174,10 +182,6 @@ def test_a_crawl_waits_out_another_process_holding_the_sqlite_write_lock(tmp_pat
     """Writes and claims that run on the reactor never wait for SQLite's lock: while
     another process holds it (a `scrapy frontier` command), they go to the database
     thread, which waits; nothing is lost and the crawl finishes."""
-    import sqlite3
-
-    from tests.crawling import count_lines
-
     project = make_project(tmp_path)
     items = tmp_path / "items.jsonl"
     jobdir = tmp_path / "job"

@@ -218,8 +218,9 @@ class _HotSql:
     On SQLite no statement returns one row per request: Python's sqlite3 releases
     the GIL for every row it steps through, and each release hands the GIL to the
     reactor thread and back (tens of thousands of context switches in a crawl).
-    Rows come back as one JSON array instead, and counts replace RETURNING; the
-    write lock (BEGIN IMMEDIATE) makes a count read before a change exact."""
+    Rows come back as one JSON array instead, and a read of the affected rows
+    (keys already present, leases still held) before a change replaces RETURNING;
+    the write lock (BEGIN IMMEDIATE) makes that read exact."""
 
     _COLUMNS = (
         "job_id, fingerprint, state, priority, domain, url, payload, not_before, "

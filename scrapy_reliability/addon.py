@@ -6,10 +6,9 @@ from typing import TYPE_CHECKING
 
 from scrapy.settings import BaseSettings
 
-from scrapy_reliability.config import Config
+from scrapy_reliability import _startup
 from scrapy_reliability.middlewares import RetryMiddleware
 from scrapy_reliability.monitoring import CrawlMonitor, install_json_logs
-from scrapy_reliability.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -28,6 +27,10 @@ class Addon:
     a redirected request is the same frontier row, sent back to pending.
     It also enables :class:`scrapy_reliability.monitoring.CrawlMonitor` (JSON
     logs, the periodic frontier summary, Prometheus metrics).
+
+    Before Scrapy builds its engine it checks every setting and opens the
+    frontier once: a crawl that cannot start ends with one ERROR line and exit
+    status 1 (see :mod:`scrapy_reliability._startup`).
     """
 
     def __init__(self, crawler: Crawler):
@@ -43,12 +46,14 @@ class Addon:
         if settings.getbool("RELIABILITY_RETRY_ENABLED", True):
             self._replace_retry_middleware(settings)
         self._enable_monitor(settings)
-        # Settings errors surface at startup with the setting's name, not mid-crawl.
-        config = Config.from_settings(settings)
-        RetryPolicy.from_settings(settings)
-        if config.monitoring.json_logs:
-            # As early as an add-on can: every later line of the crawl log is JSON.
-            install_json_logs(self.crawler)
+        # What can keep the crawl from starting fails now, before Scrapy builds its
+        # engine, in one line naming the setting or the database and what to do.
+        with _startup.reported(self.crawler):
+            config = _startup.check_settings(settings)
+            if config.monitoring.json_logs:
+                # As early as an add-on can: every later line of the crawl log is JSON.
+                install_json_logs(self.crawler)
+            _startup.check_frontier(self.crawler, settings, config)
 
     @staticmethod
     def _enable_monitor(settings: BaseSettings) -> None:

@@ -50,6 +50,7 @@ from scrapy_reliability.frontier.inspect import (
     JobInfo,
     WorkerInfo,
 )
+from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 from scrapy_reliability.frontier.schema import ERROR_CLASSES, STATES
 from scrapy_reliability.retrypass import parse_duration
 
@@ -162,12 +163,14 @@ class FrontierCommand(ScrapyCommand):
         spider = ctx.one_spider(args)
         inspector, job = ctx.job(spider)
         status = inspector.status(job, now=ctx.now)
-        domains = inspector.domains(job.id)
+        domains = status.domains
+        limits, limits_from = ctx.limits(job, spider)
         if ctx.opts.json:
             ctx.print_json(
                 {
                     "database": ctx.shown_url,
                     "job": asdict(job),
+                    "limits": _limits_json(limits, limits_from),
                     "counts": status.counts,
                     "oldest_pending": status.oldest_pending,
                     "next_due": status.next_due,
@@ -184,6 +187,7 @@ class FrontierCommand(ScrapyCommand):
         out(f"Started {_when(job.created_at, ctx.now)}")
         if job.finished_at is not None:
             out(f"Finished {_when(job.finished_at, ctx.now)}")
+        out(_limits_line(limits, limits_from))
         out("")
         out(_table(["state", "requests"], [[s, status.counts.get(s, 0)] for s in STATES]))
         out("")
@@ -229,10 +233,21 @@ class FrontierCommand(ScrapyCommand):
         spider = ctx.one_spider(args)
         inspector, job = ctx.job(spider)
         domains = inspector.domains(job.id)
+        limits, limits_from = ctx.limits(job, spider)
         if ctx.opts.json:
-            ctx.print_json({"job": asdict(job), "domains": [asdict(d) for d in domains]})
+            ctx.print_json(
+                {
+                    "job": asdict(job),
+                    "limits": _limits_json(limits, limits_from),
+                    "domains": [
+                        {**asdict(d), "limits": asdict(limits.limits_for(d.domain))}
+                        for d in domains
+                    ],
+                }
+            )
             return
-        ctx.out(_domain_table(domains, ctx, limit=ctx.limit(), detail=True))
+        ctx.out(_limits_line(limits, limits_from))
+        ctx.out(_domain_table(domains, ctx, limit=ctx.limit(), detail=True, limits=limits))
 
     def _explain(self, ctx: _Context, args: list[str]) -> None:
         urls = [a for a in args if "://" in a]
@@ -242,6 +257,7 @@ class FrontierCommand(ScrapyCommand):
         spider = names[0] if names else None
         inspector, job = ctx.job(spider)
         config = ctx.config(spider)
+        limits, _ = ctx.limits(job, spider)
         fingerprint = _fingerprinter(ctx.settings_for(spider))
         found: list[dict[str, Any]] = []
         for url in urls:
@@ -253,7 +269,7 @@ class FrontierCommand(ScrapyCommand):
                 job,
                 keys=keys,
                 urls=[url, _canonical(url)],
-                politeness=config.politeness,
+                politeness=limits,
                 newest_first=config.order == "dfs",
                 live_within=config.lease_seconds,
                 now=ctx.now,
@@ -277,6 +293,7 @@ class FrontierCommand(ScrapyCommand):
                         "state": exp.request.state,
                         "request": asdict(exp.request),
                         "blockers": [asdict(b) for b in exp.blockers],
+                        "limits": asdict(limits.limits_for(exp.request.domain)),
                         "worker": None if exp.worker is None else asdict(exp.worker),
                     }
                 )
@@ -286,6 +303,9 @@ class FrontierCommand(ScrapyCommand):
         for item in found:
             ctx.out(item["url"])
             ctx.out(f"  {item['reason']}: {item['message']}")
+            if "limits" in item:
+                domain_limits = DomainLimits(**item["limits"])
+                ctx.out(f"  limits of its domain: {_domain_limits_text(domain_limits)}")
 
     def _dead(self, ctx: _Context, args: list[str]) -> None:
         spider = ctx.one_spider(args)
@@ -502,6 +522,13 @@ class _Context:
 
     def config(self, spider: str | None) -> Config:
         return Config.from_settings(self.settings_for(spider))
+
+    def limits(self, job: JobInfo, spider: str | None) -> tuple[Politeness, str]:
+        """The per-domain limits the job's crawl runs with (stored by its workers),
+        else those of this command's settings; and which of the two it is."""
+        if job.limits is not None:
+            return job.limits, "crawl"
+        return self.config(spider).politeness, "settings"
 
     def database_url(self, spider: str | None) -> str:
         if self._url is not None:
@@ -786,7 +813,7 @@ class _Doctor:
                 f"{status.expired_leases} expired leases wait for a live worker's heartbeat "
                 "(or the next crawl) to return to pending",
             )
-        paused = [d for d in inspector.domains(job.id) if d.paused_until > ctx.now]
+        paused = [d for d in status.domains if d.paused_until > ctx.now]
         if paused:
             self.add(
                 "domains",
@@ -850,8 +877,40 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _domain_limits_text(limits: DomainLimits) -> str:
+    rate = f"{limits.rate:g} requests/s (burst {limits.burst})" if limits.rate else "no rate limit"
+    at_once = f"at most {limits.concurrency} at once" if limits.concurrency else "no cap at once"
+    return f"{rate}, {at_once}"
+
+
+def _limits_line(limits: Politeness, source: str) -> str:
+    where = (
+        "as the crawl runs"
+        if source == "crawl"
+        else "from these settings: the job stored none (it ran with an older version)"
+    )
+    line = f"Per-domain limits ({where}): {_domain_limits_text(limits.default)}"
+    if limits.overrides:
+        n = len(limits.overrides)
+        line += f"; {n} domain{'s' if n != 1 else ''} with their own"
+    return line
+
+
+def _limits_json(limits: Politeness, source: str) -> dict[str, Any]:
+    return {
+        "source": source,
+        "default": asdict(limits.default),
+        "overrides": {k: asdict(v) for k, v in limits.overrides.items()},
+    }
+
+
 def _domain_table(
-    domains: list[DomainInfo], ctx: _Context, *, limit: int | None, detail: bool = False
+    domains: list[DomainInfo],
+    ctx: _Context,
+    *,
+    limit: int | None,
+    detail: bool = False,
+    limits: Politeness | None = None,
 ) -> str:
     if not domains:
         return "Domains: none"
@@ -860,6 +919,8 @@ def _domain_table(
     headers = ["domain", *STATES, "paused until"]
     if detail:
         headers += ["rate", "crawl delay", "next due"]
+        if limits is not None:
+            headers.append("limits")
     rows = []
     for d in shown:
         row: list[Any] = [d.domain, *(d.counts.get(s, 0) for s in STATES)]
@@ -876,6 +937,8 @@ def _domain_table(
                 if d.next_due is None
                 else ("now" if d.next_due <= ctx.now else _when(d.next_due, ctx.now))
             )
+            if limits is not None:
+                row.append(_domain_limits_text(limits.limits_for(d.domain)))
         rows.append(row)
     table = _table(headers, rows)
     if len(shown) < len(ordered):

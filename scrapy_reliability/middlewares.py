@@ -5,6 +5,12 @@ same frontier row sent back to pending with ``not_before = now + delay`` (the
 backoff, or Retry-After), so it survives restarts and never blocks due work; a
 request that fails for good is marked so the scheduler dead-letters it once
 Scrapy is done with it.
+
+Requests that are not frontier rows (no task id: robots.txt, which Scrapy's
+RobotsTxtMiddleware downloads through ``engine.download_async``, or any other
+download a spider or component makes outside the scheduler) cannot be retried
+later or dead-lettered: nothing would carry out the decision. They keep Scrapy's
+own retry rules (``RETRY_*`` settings), as if the add-on were not there.
 """
 
 from __future__ import annotations
@@ -16,10 +22,13 @@ from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
+from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
 from scrapy.settings import BaseSettings
 from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import load_object
+from scrapy.utils.response import response_status_message
 
 from scrapy_reliability.config import SettingError
 from scrapy_reliability.retry import Action, ErrorClass, RetryPolicy, parse_retry_after
@@ -37,6 +46,9 @@ ATTEMPTS_META = "reliability_attempts"
 RETRY_META = "reliability_retry"
 #: On a request that failed for good: why, for its dead letter.
 FAILURE_META = "reliability_failure"
+#: Set by the scheduler on every request it hands out (the frontier row's id); the
+#: scheduler imports this module, so the name is repeated here rather than imported.
+_TASK_META = "reliability_task_id"
 
 
 class RetryMiddleware:
@@ -48,12 +60,14 @@ class RetryMiddleware:
         stats: StatsCollector,
         allowed: set[int],
         bans: BanDetector | None = None,
+        crawler: Crawler | None = None,
     ):
         self.policy = policy
         self.stats = stats
         self.allowed = allowed
         self.bans = bans or BanDetector()
         self._bad_retry_after_logged: set[str] = set()
+        self._scrapy_rules = _ScrapyRetryRules(crawler)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -64,9 +78,12 @@ class RetryMiddleware:
             crawler.stats,
             allowed,
             BanDetector.from_settings(crawler.settings),
+            crawler,
         )
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
+        if _TASK_META not in request.meta:
+            return self._scrapy_rules.process_response(request, response)
         if request.meta.get("dont_retry") or self._handled_by_spider(request, response.status):
             return response
         ban = self.bans.check(urlparse_cached(request).hostname or "", response)
@@ -91,18 +108,13 @@ class RetryMiddleware:
                 slow_down=True,
             )
             return retry if retry is not None else response
-        header = response.headers.get(b"Retry-After")
-        error_class = self.policy.classify_status(
-            response.status, has_retry_after=header is not None
-        )
+        headers = response.headers.getlist(b"Retry-After")
+        error_class = self.policy.classify_status(response.status, has_retry_after=bool(headers))
         if error_class is None:
             return response
         retry_after = None
-        if header is not None and response.status in (429, 503):
-            parsed = parse_retry_after(header)
-            if parsed.invalid:
-                self._log_bad_retry_after(request, parsed.invalid)
-            retry_after = parsed.seconds
+        if headers and response.status in (429, 503):
+            retry_after = self._retry_after(request, headers)
         retry = self._failed(
             request,
             error_class,
@@ -113,6 +125,8 @@ class RetryMiddleware:
         return retry if retry is not None else response
 
     def process_exception(self, request: Request, exception: Exception) -> Request | None:
+        if _TASK_META not in request.meta:
+            return self._scrapy_rules.process_exception(request, exception)
         if isinstance(exception, IgnoreRequest) or request.meta.get("dont_retry"):
             return None
         error_class = self.policy.classify_exception(exception)
@@ -183,6 +197,21 @@ class RetryMiddleware:
         }
         return None
 
+    def _retry_after(self, request: Request, values: list[bytes]) -> float | None:
+        """The wait the Retry-After header lines ask for, or None to back off.
+
+        Retry-After is a single value, but proxies and frameworks can send it twice:
+        the longest valid wait is the politest reading. Only when no line is valid
+        is the value counted as invalid (and logged once per domain).
+        """
+        parsed = [parse_retry_after(value) for value in values]
+        waits = [p.seconds for p in parsed if p.seconds is not None]
+        if waits:
+            return max(waits)
+        why = "; ".join(dict.fromkeys(p.invalid for p in parsed if p.invalid)) or "empty"
+        self._log_bad_retry_after(request, why)
+        return None
+
     def _log_bad_retry_after(self, request: Request, why: str) -> None:
         domain = urlparse_cached(request).hostname or ""
         self.stats.inc_value("reliability/retry_after/invalid")
@@ -194,6 +223,51 @@ class RetryMiddleware:
             "instead. Further invalid values from this domain are only counted "
             "(reliability/retry_after/invalid).",
             {"domain": domain, "why": why},
+        )
+
+
+class _ScrapyRetryRules:
+    """Scrapy's own RetryMiddleware rules, for requests that are not frontier rows:
+    ``RETRY_ENABLED``, ``RETRY_TIMES``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS`` and
+    the ``dont_retry``, ``max_retry_times`` and ``priority_adjust`` meta keys, through
+    Scrapy's public :func:`~scrapy.downloadermiddlewares.retry.get_retry_request` (its
+    stats and log lines too). Without a crawler, nothing is retried."""
+
+    def __init__(self, crawler: Crawler | None):
+        self.crawler = crawler
+        settings = crawler.settings if crawler is not None else None
+        self.enabled = settings is not None and settings.getbool("RETRY_ENABLED")
+        self.codes: set[int] = set()
+        self.exceptions: tuple[type[BaseException], ...] = ()
+        if settings is not None and self.enabled:
+            self.codes = {int(code) for code in settings.getlist("RETRY_HTTP_CODES")}
+            self.exceptions = tuple(
+                load_object(name) if isinstance(name, str) else name
+                for name in settings.getlist("RETRY_EXCEPTIONS")
+            )
+
+    def process_response(self, request: Request, response: Response) -> Request | Response:
+        if not self.enabled or request.meta.get("dont_retry") or response.status not in self.codes:
+            return response
+        return self._retry(request, response_status_message(response.status)) or response
+
+    def process_exception(self, request: Request, exception: Exception) -> Request | None:
+        if not self.enabled or request.meta.get("dont_retry"):
+            return None
+        if not isinstance(exception, self.exceptions):
+            return None
+        return self._retry(request, exception)
+
+    def _retry(self, request: Request, reason: str | Exception) -> Request | None:
+        spider = self.crawler.spider if self.crawler is not None else None
+        if spider is None:
+            return None
+        return get_retry_request(
+            request,
+            spider=spider,
+            reason=reason,
+            max_retry_times=request.meta.get("max_retry_times"),
+            priority_adjust=request.meta.get("priority_adjust"),
         )
 
 

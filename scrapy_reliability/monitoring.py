@@ -37,7 +37,7 @@ from w3lib.url import canonicalize_url
 
 from scrapy_reliability import signals as reliability_signals
 from scrapy_reliability._executor import DatabaseThread
-from scrapy_reliability.config import Config, SettingError
+from scrapy_reliability.config import Config, SettingError, limits_text
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.inspect import Inspector, Probe
 from scrapy_reliability.frontier.schema import ERROR_CLASSES, STATES
@@ -279,6 +279,7 @@ class CrawlMonitor:
                 frontier.engine.url, busy_timeout=self.config.sqlite_busy_timeout
             )
             self._db = DatabaseThread("reliability-monitor")
+        self._log_limits()
         self._started = time.time()
         if self.settings.summary_interval > 0:
             self._interval_started = time.time()
@@ -286,6 +287,26 @@ class CrawlMonitor:
             self._summary.start(self.settings.summary_interval, now=False)
         if self._metrics_app is not None:
             self._serve_metrics()
+
+    def _log_limits(self) -> None:
+        """One line at start: the per-domain limits this crawl runs with, and the
+        setting behind each (a project's own DOWNLOAD_DELAY = 0 means no rate limit)."""
+        politeness = self.config.politeness
+        logger.info(
+            "%s",
+            limits_text(self.config),
+            extra={
+                "reliability_event": {
+                    "event": "limits",
+                    "rate": politeness.default.rate,
+                    "burst": politeness.default.burst,
+                    "concurrency": politeness.default.concurrency,
+                    "rate_from": self.config.limits_origin.rate or "default",
+                    "concurrency_from": self.config.limits_origin.concurrency or "default",
+                    "domains_with_own_limits": len(politeness.overrides),
+                }
+            },
+        )
 
     def _closed(self, spider: Any, reason: str) -> Deferred[Any]:
         if self._summary is not None and self._summary.running:

@@ -18,8 +18,14 @@ behaves the same when it is rebuilt, after a restart or a ``kill -9`` too:
   with its browser: the request is fetched in a new page, as on a first fetch, and a
   warning names it.
 
-The codecs are registered by :mod:`scrapy_reliability.serialization` the first time
-it meets a Playwright value; nothing happens at import.
+* A stored payload that does not hold what the codecs write is a
+  :class:`~scrapy_reliability.serialization.CorruptPayload`; a page method the spider
+  lacks (renamed in another version) a ``MissingCallback``, as for a callback.
+
+This module registers its codecs into :mod:`scrapy_reliability.serialization`
+(:func:`register_codecs`), which names it only as a plugin path and calls it the
+first time it meets a Playwright value or a ``playwright*`` meta key; nothing happens
+at import.
 """
 
 from __future__ import annotations
@@ -33,10 +39,13 @@ from scrapy import Request
 from scrapy.utils.misc import load_object
 
 from scrapy_reliability.serialization import (
+    CorruptPayload,
+    MissingCallback,
     UnserializableRequest,
     current_spider,
     note_gone,
     register_codec,
+    register_meta_preparer,
 )
 
 PAGE_METHOD_TAG = "playwright.PageMethod"
@@ -48,7 +57,10 @@ _live_pages: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary
 
 
 def register_codecs() -> None:
-    """Teach the serializer ``PageMethod`` and ``Page`` (idempotent)."""
+    """Teach the serializer ``PageMethod`` and ``Page``, and how to store the
+    callables of scrapy-playwright's meta keys (idempotent)."""
+    # First: meta keys are stored by name even where Playwright cannot be imported.
+    register_meta_preparer("playwright", storable_meta)
     from playwright.async_api import Page
     from scrapy_playwright.page import PageMethod
 
@@ -78,21 +90,31 @@ def _encode_page_method(page_method: Any) -> dict[str, Any]:
     return value
 
 
-def _decode_page_method(value: dict[str, Any]) -> Any:
+def _decode_page_method(value: Any) -> Any:
     from scrapy_playwright.page import PageMethod
 
+    # What _encode_page_method writes, and nothing else: the payload may be corrupt.
+    if not (
+        isinstance(value, dict)
+        and "method" in value
+        and set(value) <= {"method", "args", "kwargs"}
+        and isinstance(value.get("args", []), list)
+        and isinstance(value.get("kwargs", {}), dict)
+    ):
+        raise CorruptPayload("a stored PageMethod is not {method, args, kwargs}")
     method = value["method"]
     if isinstance(method, dict):
-        name = str(method["spider_method"])
+        name = method.get("spider_method")
+        if set(method) != {"spider_method"} or not isinstance(name, str):
+            raise CorruptPayload("a stored PageMethod names no spider method")
         spider = current_spider()
-        bound = getattr(spider, name, None) if spider is not None else None
-        if not callable(bound):
-            raise UnserializableRequest(
-                f"the stored page method {name!r} is not a method of the spider (was it renamed?)"
-            )
+        bound = getattr(spider, name, None) if name.isidentifier() else None
+        if not callable(bound) or getattr(bound, "__self__", None) is not spider:
+            # Another version of the spider may have it, as for a callback.
+            raise MissingCallback(name, "page method", str(getattr(spider, "name", "")))
         method = bound
     elif not isinstance(method, str):
-        raise UnserializableRequest(f"stored page method {method!r} is not a name")
+        raise CorruptPayload("a stored PageMethod method is not a name")
     return PageMethod(method, *value.get("args", ()), **value.get("kwargs", {}))
 
 
@@ -102,7 +124,9 @@ def _encode_page(page: Any) -> dict[str, Any]:
     return {"ref": ref, "pid": os.getpid()}
 
 
-def _decode_page(value: dict[str, Any]) -> Any:
+def _decode_page(value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise CorruptPayload("a stored Page reference is not {ref, pid}")
     page = _live_pages.get(str(value.get("ref")))
     if page is None:
         note_gone(f"a live Playwright page of process {value.get('pid')}")

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from scrapy.commands.crawl import Command as CrawlCommand
 from scrapy.exceptions import UsageError
 
+from scrapy_reliability.frontier.store import UNPROCESSED_CLASSES
 from scrapy_reliability.retry import ErrorClass
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -52,7 +53,8 @@ class RetryPassCommand(CrawlCommand):
             action="append",
             default=[],
             metavar="CLASS",
-            help="only dead letters of this class (transient, throttled, permanent); "
+            help="only dead letters of this class (transient, throttled, permanent, refused, "
+            "corrupt, incompatible); "
             "repeat or separate with commas",
         )
         parser.add_argument(
@@ -72,7 +74,8 @@ class RetryPassCommand(CrawlCommand):
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
         super().process_options(args, opts)
         classes = _split(opts.error_class)
-        valid = {c.value for c in ErrorClass}
+        # Failures of a server, and requests no server answered (see UNPROCESSED_CLASSES).
+        valid = {c.value for c in ErrorClass} | set(UNPROCESSED_CLASSES)
         unknown = [c for c in classes if c not in valid]
         if unknown:
             raise UsageError(f"unknown error class {unknown[0]!r}: use {', '.join(sorted(valid))}")

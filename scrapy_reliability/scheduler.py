@@ -30,7 +30,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
@@ -44,7 +44,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
-from scrapy_reliability import _feeds, _jobs
+from scrapy_reliability import _exitcode, _feeds, _jobs
 from scrapy_reliability import signals as reliability_signals
 from scrapy_reliability._executor import DatabaseThread, the_reactor
 from scrapy_reliability.config import Config
@@ -57,21 +57,32 @@ from scrapy_reliability.frontier import (
     DomainUpdate,
     Frontier,
     FrontierError,
+    FrontierUnavailable,
     Job,
     JobFinished,
     LeaseLost,
     NewRequest,
     Outcome,
+    Refusal,
+    StorageLost,
     Transition,
     WriteBatch,
     WriteResult,
 )
-from scrapy_reliability.frontier.store import SQLAlchemyError
+from scrapy_reliability.frontier.dialect import redact, scrub
+from scrapy_reliability.frontier.store import (
+    UNPROCESSED_CLASSES,
+    SQLAlchemyError,
+    is_storage_failure,
+    storable_text,
+)
 from scrapy_reliability.items import DeadLetter
 from scrapy_reliability.middlewares import ATTEMPTS_META, RETRY_META, failure_of
 from scrapy_reliability.retry import ErrorClass, RetryPolicy
 from scrapy_reliability.serialization import (
+    MissingCallback,
     UnserializableRequest,
+    check_storable_fields,
     payload_to_request,
     request_to_payload,
 )
@@ -125,6 +136,40 @@ class _Lease:
     claimed_at: float = 0.0
 
 
+@dataclass
+class _Closing:
+    """What closing the job found (see ``Scheduler._close_frontier``)."""
+
+    released: int = 0
+    lost: int = 0
+    complete: bool = False
+    #: Frontier.unprocessed(): pending/leased rows and unanswered dead rows by class.
+    left: dict[str, int] = field(default_factory=dict)
+    #: Other live workers of the job.
+    peers: int = 0
+    #: Why the database could not be closed cleanly.
+    failed: str | None = None
+
+
+@dataclass(frozen=True)
+class _Opened:
+    job: Job
+    recovered: int
+    counts: dict[str, int]
+    #: Other live workers of the job and their spiders' callback names.
+    peers: dict[str, frozenset[str]]
+
+
+def _callback_names(spider: Spider | None) -> list[str]:
+    """The public method names of the spider: what a stored callback can name."""
+    if spider is None:
+        return []
+    cls = type(spider)
+    return sorted(
+        name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name, None))
+    )
+
+
 class Scheduler(BaseScheduler):
     """``SCHEDULER = "scrapy_reliability.Scheduler"``."""
 
@@ -167,10 +212,23 @@ class Scheduler(BaseScheduler):
         # A claim asked for while a write was in flight: it rides on the next write.
         self._claim_wanted = False
         self._inline = False
-        # Burials (and item dead letters) whose write failed, retried one by one.
-        self._isolated: deque[WriteBatch] = deque()
-        self._isolated_future: Future[WriteResult] | None = None
-        self._isolated_delay = _WRITE_RETRY_SECONDS
+        # Parts of a failed write, written one at a time and in order before anything
+        # newer (a parent's ack never overtakes its children): the whole batch again
+        # after a storage failure, or halves of it while the row the database
+        # refuses is looked for.
+        self._split: deque[tuple[WriteBatch, dict[str, Request]]] = deque()
+        # No write or claim before then (a storage failure is being waited out).
+        self._retry_at = 0.0
+        self._failing_since: float | None = None
+        self._storage_failures = 0
+        # TODO(integration): parse in Config with the other settings.
+        self._give_up_seconds = crawler.settings.getfloat(
+            "RELIABILITY_STORAGE_GIVE_UP_SECONDS", 60.0
+        )
+        self._stopping = False
+        # Other live workers of the job and their spiders' callbacks (mixed versions).
+        self._peer_callbacks: dict[str, frozenset[str]] = {}
+        self._handed_back: dict[int, int] = {}
         # Domains this worker saw paused (until when) and slowed down (when).
         self._paused: dict[str, float] = {}
         self._slowed: dict[str, float] = {}
@@ -200,6 +258,9 @@ class Scheduler(BaseScheduler):
         self.policy = RetryPolicy.from_settings(crawler.settings)
         self.retry_pass = config.retry_pass
         crawler.signals.connect(self._item_error, signal=signals.item_error)
+        crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
+        # Set when the run ends incomplete: replaces Scrapy's "finished".
+        self._finish_reason: str | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -227,18 +288,26 @@ class Scheduler(BaseScheduler):
         d = self._db.deferred(self._open_frontier, url, name)
         return d.addCallbacks(self._opened, self._open_failed)
 
-    def _open_failed(self, failure: Failure) -> Failure:
-        if isinstance(failure.value, FrontierError):
-            # Say what to do first and plainly; Scrapy then logs the failed start.
-            logger.error(
-                "Cannot start the frontier: %(error)s",
-                {"error": failure.value},
-                extra={"spider": self.spider},
-            )
+    def _open_failed(self, failure: Failure) -> Failure | None:
         self._db.shutdown()
-        return failure
+        if not isinstance(failure.value, FrontierError):
+            return failure
+        # Say what to do, plainly and once. (Most such errors are found before the
+        # engine exists, by the add-on's startup check; these are the ones only
+        # opening the job finds: a full disk, a job started with other keys.)
+        # Failing open() would add Scrapy's secondary tracebacks (a scraper that
+        # never opened): the crawl instead runs with nothing to schedule, ends at
+        # once, and reports the failure in its finish reason and exit status.
+        logger.error(
+            "Cannot start the frontier: %(error)s",
+            {"error": failure.value},
+            extra={"spider": self.spider},
+        )
+        self._job_finished = True
+        self._end_incomplete("frontier_unavailable")
+        return None
 
-    def _open_frontier(self, url: str, name: str) -> tuple[Job, int, dict[str, int]] | JobFinished:
+    def _open_frontier(self, url: str, name: str) -> _Opened | JobFinished:
         """On the database thread: connect, open the job, register, recover."""
         frontier = Frontier.connect(
             url,
@@ -257,7 +326,14 @@ class Scheduler(BaseScheduler):
             except JobFinished as exc:
                 frontier.close()
                 return exc
-            frontier.register_worker(job.id, self.worker_id, self.hostname, self.pid)
+            frontier.register_worker(
+                job.id,
+                self.worker_id,
+                self.hostname,
+                self.pid,
+                callbacks=_callback_names(self.spider),
+            )
+            frontier.record_limits(job.id, self.config.politeness.to_json())
             # One process per SQLite file (held by the lock), so any other registered
             # worker of this job is a dead predecessor.
             exclusive = frontier.engine.dialect.name == "sqlite"
@@ -268,13 +344,24 @@ class Scheduler(BaseScheduler):
             )
             recovered += frontier.expire(job.id)
             counts = frontier.counts(job.id) if job.resumed else {}
+            peers = frontier.live_callbacks(
+                job.id, me=self.worker_id, alive_within=self.config.lease_seconds
+            )
+        except SQLAlchemyError as exc:
+            frontier.close()
+            # E.g. a full disk: the database opened but cannot be written.
+            raise FrontierUnavailable(
+                f"Cannot start job {name!r} on the frontier {redact(url)}: "
+                f"{scrub(_one_line(exc), frontier.engine.url)}. "
+                "Fix the database (disk space, permissions) and run the same command again."
+            ) from None
         except BaseException:
             frontier.close()
             raise
         self.frontier = frontier
         if reopened is not None:
             counts["reopened"] = reopened
-        return job, recovered, counts
+        return _Opened(job, recovered, counts, peers)
 
     def _reopen_dead_letters(self, frontier: Frontier, name: str) -> int | None:
         if self.retry_pass is None:
@@ -288,7 +375,7 @@ class Scheduler(BaseScheduler):
         )
         return 0 if reopened is None else reopened[1]
 
-    def _opened(self, opened: tuple[Job, int, dict[str, int]] | JobFinished) -> None:
+    def _opened(self, opened: _Opened | JobFinished) -> None:
         if isinstance(opened, JobFinished):
             # A worker joining a finished job: no request is scheduled or fetched,
             # and the engine closes the spider at once.
@@ -305,7 +392,8 @@ class Scheduler(BaseScheduler):
             )
             self.stats.set_value("reliability/job/already_finished", True)
             return
-        job, recovered, counts = opened
+        job, recovered, counts = opened.job, opened.recovered, opened.counts
+        self._peer_callbacks = opened.peers
         self.job = job
         assert self.frontier is not None
         # SQLite: writes and claims run on the reactor thread when the database
@@ -327,6 +415,19 @@ class Scheduler(BaseScheduler):
                 extra={"spider": self.spider},
             )
             self.stats.set_value("reliability/retry_pass/reopened", counts.get("reopened", 0))
+        elif job.resumed and opened.peers:
+            logger.info(
+                "Joining job %(job)s (run %(gen)d), running with %(n)d other live workers: "
+                "%(pending)d pending, %(done)d done",
+                {
+                    "job": job.name,
+                    "gen": job.generation,
+                    "n": len(opened.peers),
+                    "pending": counts.get("pending", 0) + counts.get("leased", 0),
+                    "done": counts.get("done", 0),
+                },
+                extra={"spider": self.spider},
+            )
         elif job.resumed:
             logger.info(
                 "Resuming job %(job)s (run %(gen)d): %(pending)d pending, %(done)d done, "
@@ -346,12 +447,33 @@ class Scheduler(BaseScheduler):
                 {"job": job.name, "gen": job.generation, "url": self._url_for_log()},
                 extra={"spider": self.spider},
             )
+        self._warn_of_other_versions(opened.peers)
         self.stats.set_value("reliability/job/run", job.generation)
         self.stats.set_value("reliability/job/resumed", job.resumed)
         self.stats.inc_value("reliability/lease/recovered", recovered)
         self._unhook = _hook_scrape_completion(self.crawler, self._scrape_started, self._scraped)
         self._heartbeat = task.LoopingCall(self._beat)
         self._heartbeat.start(self.config.heartbeat_seconds, now=False)
+
+    def _warn_of_other_versions(self, peers: dict[str, frozenset[str]]) -> None:
+        """Live workers of this job whose spiders have other callbacks: another
+        version of the spider. Requests for a callback only one version has go to
+        a worker that has it (see docs/scaling.md, "Upgrading a running job")."""
+        mine = frozenset(_callback_names(self.spider))
+        for worker, theirs in peers.items():
+            if not theirs or theirs == mine:
+                continue
+            logger.warning(
+                "Worker %(worker)s of this job runs another version of the spider: it has "
+                "callbacks %(only_theirs)s that this one lacks, and lacks %(only_mine)s; "
+                "requests for those are handed to a worker that has them",
+                {
+                    "worker": worker,
+                    "only_theirs": sorted(theirs - mine) or "none",
+                    "only_mine": sorted(mine - theirs) or "none",
+                },
+                extra={"spider": self.spider},
+            )
 
     def _url_for_log(self) -> str:
         from scrapy_reliability.frontier.dialect import redact
@@ -393,64 +515,120 @@ class Scheduler(BaseScheduler):
         self._batch_requests = {}
         released_ready = len(self._ready)
         self._ready.clear()
-        batches = [batch, *self._isolated]
-        self._isolated.clear()
+        batches = [part for part, _ in self._split] + [batch]
+        self._split.clear()
+        if self._stopping:
+            # The database is failing: its leases are released if it still answers,
+            # and what was not written is fetched again (nothing acked is lost).
+            batches = []
         return self._db.deferred(self._close_frontier, batches, finished).addCallback(
             self._closed, reason, released_ready
         )
 
-    def _close_frontier(self, batches: list[WriteBatch], finished: bool) -> tuple[int, bool, int]:
+    def _close_frontier(self, batches: list[WriteBatch], finished: bool) -> _Closing:
+        """On the database thread: write what is left, release this worker's leases,
+        finish the job if it is complete, and say what keeps it from being so."""
         assert self.frontier is not None and self.job is not None
         frontier = self.frontier
-        lost: list[int] = []
-        for batch in batches:
-            if not batch:
-                continue
-            try:
-                lost += frontier.write(self.job.id, batch).lost
-            except SQLAlchemyError as exc:
-                # Its requests stay leased and are released below: unresolved, not lost.
-                logger.error(
-                    "Final write of %(n)d frontier changes failed: %(error)s; their requests "
-                    "go back to pending",
-                    {"n": len(batch.inserts) + len(batch.transitions), "error": exc},
-                    extra={"spider": self.spider},
+        closing = _Closing()
+        try:
+            for batch in batches:
+                if not batch:
+                    continue
+                try:
+                    closing.lost += len(frontier.write(self.job.id, batch).lost)
+                except SQLAlchemyError as exc:
+                    # Its requests stay leased and are released below: unresolved, not lost.
+                    logger.error(
+                        "Final write of %(n)d frontier changes failed: %(error)s; their "
+                        "requests go back to pending",
+                        {"n": _units(batch), "error": self._cause(exc)},
+                        extra={"spider": self.spider},
+                    )
+            closing.released = frontier.release_leases_of(self.worker_id)
+            if finished:
+                closing.complete = frontier.finish_job_if_complete(self.job.id)
+                closing.left = frontier.unprocessed(self.job.id)
+                closing.peers = len(
+                    frontier.live_callbacks(
+                        self.job.id, me=self.worker_id, alive_within=self.config.lease_seconds
+                    )
                 )
-        released = frontier.release_leases_of(self.worker_id)
-        complete = frontier.finish_job_if_complete(self.job.id) if finished else False
-        frontier.stop_worker(self.worker_id)
-        frontier.close()
-        return released, complete, len(lost)
+            frontier.stop_worker(self.worker_id)
+        except (SQLAlchemyError, FrontierError) as exc:
+            # The database is gone: leases it still holds expire by themselves.
+            closing.failed = self._cause(exc)
+        finally:
+            frontier.close()
+        return closing
 
-    def _closed(self, result: tuple[int, bool, int], reason: str, ready: int) -> None:
-        released, complete, lost = result
+    def _closed(self, closing: _Closing, reason: str, ready: int) -> None:
         if self.frontier is not None:
             self.stats.set_value("reliability/db/round_trips", self.frontier.round_trips)
-        if lost:
-            self.stats.inc_value("reliability/lease/lost", lost)
-        self.stats.set_value("reliability/lease/released", released)
+        if closing.lost:
+            self.stats.inc_value("reliability/lease/lost", closing.lost)
+        self.stats.set_value("reliability/lease/released", closing.released)
         assert self.job is not None
-        if reason == "finished":
-            if complete:
-                logger.info(
-                    "Job %(job)s finished: no request is pending or leased",
-                    {"job": self.job.name},
-                    extra={"spider": self.spider},
-                )
-            else:
-                logger.info(
-                    "This worker is done; other workers still hold requests of job %(job)s",
-                    {"job": self.job.name},
-                    extra={"spider": self.spider},
-                )
-        else:
+        job = self.job.name
+        if closing.failed is not None and self._stopping:
+            self._end_incomplete(reason)  # the reason was logged when stopping
+        elif closing.failed is not None:
+            logger.error(
+                "Could not close job %(job)s cleanly (%(error)s): this worker's leases go back "
+                "to pending when they expire (RELIABILITY_LEASE_SECONDS)",
+                {"job": job, "error": closing.failed},
+                extra={"spider": self.spider},
+            )
+            self._end_incomplete(reason)
+        elif reason != "finished":
             logger.info(
                 "Closed (%(reason)s): %(released)d leased requests released as pending "
                 "(%(ready)d never started); run the same command again to resume job %(job)s",
-                {"reason": reason, "released": released, "ready": ready, "job": self.job.name},
+                {"reason": reason, "released": closing.released, "ready": ready, "job": job},
                 extra={"spider": self.spider},
             )
+        else:
+            unanswered = {k: v for k, v in closing.left.items() if k in UNPROCESSED_CLASSES}
+            waiting = closing.left.get("pending", 0) + closing.left.get("leased", 0)
+            self.stats.set_value("reliability/unprocessed", sum(unanswered.values()))
+            for name, count in unanswered.items():
+                self.stats.set_value(f"reliability/unprocessed/{name}", count)
+            if waiting and closing.peers:
+                logger.info(
+                    "This worker is done; %(n)d requests of job %(job)s remain with %(peers)d "
+                    "other live workers",
+                    {"n": waiting, "job": job, "peers": closing.peers},
+                    extra={"spider": self.spider},
+                )
+            elif waiting or unanswered:
+                parts = [f"{count} {name}" for name, count in sorted(unanswered.items())]
+                if waiting:
+                    parts.append(f"{waiting} pending with no live worker to take them")
+                logger.error(
+                    "Job %(job)s is not complete: %(what)s. `scrapy frontier status` and "
+                    "`scrapy frontier dead` name them; after a fix, `scrapy retrypass` replays "
+                    "the dead letters",
+                    {"job": job, "what": ", ".join(parts)},
+                    extra={"spider": self.spider},
+                )
+                self._end_incomplete("incomplete")
+            else:
+                logger.info(
+                    "Job %(job)s finished: no request is pending or leased",
+                    {"job": job},
+                    extra={"spider": self.spider},
+                )
         self._db.shutdown()
+
+    def _end_incomplete(self, reason: str) -> None:
+        """The run did not complete: say so in its finish reason and exit status."""
+        self._finish_reason = reason
+        _exitcode.fail_after_close(self.crawler)
+
+    def _spider_closed(self, spider: Spider, reason: str) -> None:
+        # After CoreStats wrote ``finish_reason`` (it connects first).
+        if self._finish_reason is not None:
+            self.stats.set_value("finish_reason", self._finish_reason)
 
     # -- enqueue ----------------------------------------------------------------------------
 
@@ -473,22 +651,38 @@ class Scheduler(BaseScheduler):
         if key in self.dupefilter.recent or key in self._batch_requests:
             self.dupefilter.log(request, self.spider)
             return False
+        domain = urlparse_cached(request).hostname or ""
         try:
             payload = request_to_payload(request, self.spider)
         except UnserializableRequest as exc:
-            logger.error(
-                "Refused to schedule %(request)s: %(error)s",
-                {"request": request, "error": exc},
-                extra={"spider": self.spider},
+            self.dupefilter.recent.add(key)
+            self._refuse(
+                request,
+                key=key,
+                url=request.url,
+                priority=request.priority,
+                reason=str(exc),
+                stat="unserializable",
             )
-            self.stats.inc_value("reliability/refused/unserializable")
+            return False
+        unstorable = check_storable_fields(request.url, request.priority, domain)
+        if unstorable is not None:
+            self.dupefilter.recent.add(key)
+            self._refuse(
+                request,
+                key=key,
+                url=request.url,
+                priority=request.priority,
+                reason=unstorable,
+                stat="unstorable",
+            )
             return False
         self.dupefilter.recent.add(key)
         self._batch.inserts.append(
             NewRequest(
                 fingerprint=key,
                 priority=request.priority,
-                domain=urlparse_cached(request).hostname or "",
+                domain=domain,
                 url=request.url,
                 payload=payload,
             )
@@ -538,15 +732,26 @@ class Scheduler(BaseScheduler):
         )
         try:
             payload = request_to_payload(request, self.spider)
+            unstorable = check_storable_fields(
+                request.url, request.priority, urlparse_cached(request).hostname or ""
+            )
         except UnserializableRequest as exc:
+            unstorable = str(exc)
+        if unstorable is not None:
+            # The row keeps its last storable request; the retry or redirect is refused.
             logger.error(
-                "Cannot store the rescheduled %(request)s: %(error)s; it stays leased and "
-                "is fetched again after a restart",
-                {"request": request, "error": exc},
+                "Cannot store the rescheduled %(request)s: %(error)s; burying it as refused",
+                {"request": request, "error": unstorable},
                 extra={"spider": self.spider},
             )
-            self.stats.inc_value("reliability/refused/unserializable")
-            return False
+            self.stats.inc_value("reliability/refused/transition")
+            self._settle(
+                lease,
+                Outcome.DEAD,
+                error=f"cannot store its retry or redirect: {unstorable}",
+                error_class="refused",
+            )
+            return True
         self._stage(lease, _Stage.SETTLING)
         self._settling[(lease.task_id, lease.token)] = lease
         failure = decided if isinstance(decided, dict) else {}
@@ -594,7 +799,7 @@ class Scheduler(BaseScheduler):
         return bool(
             self._ready
             or self._batch
-            or self._isolated
+            or self._split
             or self._flush_future is not None
             or self._claim_future is not None
             or self._maybe_pending
@@ -606,9 +811,7 @@ class Scheduler(BaseScheduler):
         # most this many refetches however far the scraper lags the downloader.
         # Burials held back by a failing dead-letter write do not count: they must not
         # stall the crawl (after a crash they are fetched again, as failed requests are).
-        held = sum(1 for batch in self._isolated if batch.transitions)
-        if self._isolated_future is not None:
-            held += 1
+        held = sum(len(part.transitions) for part, _ in self._split)
         if len(self._leases) - len(self._ready) - held >= self.max_in_flight:
             return None
         if self._paused:
@@ -781,6 +984,8 @@ class Scheduler(BaseScheduler):
         self._take_claimed(future.result())
 
     def _claim_failed(self, exc: BaseException) -> None:
+        if self._storage_trouble(exc):
+            return
         logger.error(
             "Claiming requests failed: %(error)s; trying again in %(s).0f s",
             {"error": exc, "s": _WRITE_RETRY_SECONDS},
@@ -827,18 +1032,23 @@ class Scheduler(BaseScheduler):
         self._leases[row.id] = lease
         try:
             request = payload_to_request(row.payload, self.spider)
-        except (UnserializableRequest, ValueError, TypeError, KeyError) as exc:
+        except MissingCallback as exc:
+            self._hand_back_or_bury(lease, exc)
+            return
+        except Exception as exc:  # a stored row that cannot be rebuilt costs that row only
+            self.stats.inc_value("reliability/dead/corrupt")
             logger.error(
                 "Frontier task %(id)d cannot be rebuilt into a request (%(error)s); "
-                "recording it as dead",
-                {"id": row.id, "error": exc},
+                "recording it as a dead letter of class 'corrupt'",
+                {"id": row.id, "error": storable_text(str(exc), 300)},
                 extra={"spider": self.spider},
             )
             self._settle(
                 lease,
                 Outcome.DEAD,
-                error=f"cannot rebuild request: {exc}",
-                error_class=ErrorClass.PERMANENT.value,
+                error=f"cannot rebuild the stored request: {exc}",
+                error_class="corrupt",
+                attempts_inc=1,
             )
             return
         request.meta[TASK_META] = row.id
@@ -850,6 +1060,52 @@ class Scheduler(BaseScheduler):
         lease.method = request.method
         lease.domain = urlparse_cached(request).hostname or ""
         self._ready.append(request)
+
+    def _hand_back_or_bury(self, lease: _Lease, exc: MissingCallback) -> None:
+        """This worker's spider lacks the row's callback: another version of the
+        spider, running as another live worker of the job, may have it. Hand the
+        row back for that worker (a short delay, no attempt spent); bury it as
+        ``incompatible`` only when no live worker has that callback (or after
+        many hand-backs), for `scrapy retrypass` to replay from a version that has."""
+        name = exc.name
+        takers = [w for w, names in self._peer_callbacks.items() if name in names]
+        handed = self._handed_back.get(lease.task_id, 0)
+        if takers and handed < _MAX_HAND_BACKS:
+            self._handed_back[lease.task_id] = handed + 1
+            if handed == 0:
+                self.stats.inc_value("reliability/handed_back")
+            logger.debug(
+                "Frontier task %(id)d needs callback %(name)r, which this spider lacks and "
+                "worker %(worker)s has: handing it back",
+                {"id": lease.task_id, "name": name, "worker": takers[0]},
+                extra={"spider": self.spider},
+            )
+            self._stage(lease, _Stage.SETTLING)
+            self._settling[(lease.task_id, lease.token)] = lease
+            self._batch.transitions.append(
+                Transition(
+                    lease.task_id,
+                    lease.token,
+                    Outcome.RELEASE,
+                    not_before=time.time() + _HAND_BACK_SECONDS,
+                )
+            )
+            self._schedule_flush()
+            return
+        self.stats.inc_value("reliability/dead/incompatible")
+        logger.error(
+            "Frontier task %(id)d needs callback %(name)r, which this spider lacks and no "
+            "live worker of the job has; recording it as a dead letter of class "
+            "'incompatible' (`scrapy retrypass` replays it from a version that has it)",
+            {"id": lease.task_id, "name": name},
+            extra={"spider": self.spider},
+        )
+        self._settle(
+            lease,
+            Outcome.DEAD,
+            error=f"the spider has no method {name!r}",
+            error_class="incompatible",
+        )
 
     # -- completion -------------------------------------------------------------------------
 
@@ -1001,18 +1257,28 @@ class Scheduler(BaseScheduler):
 
     def _flush(self, claim: bool = False) -> None:
         self._flush_scheduled = False
-        if self._flush_future is not None or not self._batch or self.job is None:
+        if self._flush_future is not None or self.job is None or self._closing:
             return
-        if self._closing:
+        if not (self._split or self._batch):
             return
-        # A claim wanted now rides on this write (one transaction, one commit).
-        claim = (claim or self._claim_wanted) and self._claim_future is None
-        self._claim_wanted = False
-        # Items already written to feeds reach the file before their requests' acks.
-        _feeds.flush_feeds(self._feed_exporters)
-        batch, self._batch = self._batch, WriteBatch()
-        batch.clear_dead_letters = self.retry_pass is not None
-        requests, self._batch_requests = self._batch_requests, {}
+        wait = self._retry_at - time.time()
+        if wait > 0:
+            the_reactor().callLater(wait, self._schedule_flush)
+            return
+        if self._split:
+            # Parts of a failed write go first, alone: no claim rides on them.
+            self._claim_wanted = self._claim_wanted or claim
+            claim = False
+            batch, requests = self._split.popleft()
+        else:
+            # A claim wanted now rides on this write (one transaction, one commit).
+            claim = (claim or self._claim_wanted) and self._claim_future is None
+            self._claim_wanted = False
+            # Items already written to feeds reach the file before their requests' acks.
+            _feeds.flush_feeds(self._feed_exporters)
+            batch, self._batch = self._batch, WriteBatch()
+            batch.clear_dead_letters = self.retry_pass is not None
+            requests, self._batch_requests = self._batch_requests, {}
 
         def handle(future: Future[WriteResult]) -> None:
             self._flushed(future, batch, requests)
@@ -1055,6 +1321,8 @@ class Scheduler(BaseScheduler):
                 self._claim_failed(exc)
             return
         result = future.result()
+        self._failing_since = None
+        self._storage_failures = 0
         try:
             self._absorb(result, batch, requests)
         except Exception:
@@ -1063,7 +1331,7 @@ class Scheduler(BaseScheduler):
             logger.exception("Error accounting for a frontier write", extra={"spider": self.spider})
         if carried and result.claimed is not None:
             self._take_claimed(result.claimed)
-        if self._batch:
+        if self._split or self._batch:
             self._flush()  # what gathered while this write ran
         elif self._claim_wanted:
             self._claim()
@@ -1072,77 +1340,205 @@ class Scheduler(BaseScheduler):
     def _write_failed(
         self, exc: BaseException, batch: WriteBatch, requests: dict[str, Request]
     ) -> None:
-        """Keep everything. Burials and item dead letters are split off and retried
-        one per transaction, so one that cannot be written (fail closed: its
-        request stays unresolved) does not hold back the rest of the crawl."""
+        """Keep everything, in order. A storage failure (server gone, disk full) is
+        waited out, up to RELIABILITY_STORAGE_GIVE_UP_SECONDS, then the crawl stops.
+        Anything else means the database refused a value of one row: the batch is
+        written again in halves until that row is alone, and only it is refused
+        (a request, recorded as such), buried or left unresolved (a transition)."""
         self.stats.inc_value("reliability/write/errors")
-        risky = [t for t in batch.transitions if t.outcome is Outcome.DEAD]
-        logger.error(
-            "Writing %(n)d frontier changes failed: %(error)s; retrying (nothing is "
-            "dropped; requests stay unacknowledged until written%(split)s)",
-            {
-                "n": len(batch.inserts) + len(batch.transitions) + len(batch.dead_items),
-                "error": exc,
-                "split": "; burials and dead letters are retried one by one"
-                if risky or batch.dead_items
-                else "",
-            },
-            extra={"spider": self.spider},
-        )
-        self._batch.inserts[:0] = batch.inserts
-        self._batch.transitions[:0] = [t for t in batch.transitions if t not in risky]
-        requests.update(self._batch_requests)
-        self._batch_requests = requests
-        for tr in risky:
-            self._isolated.append(
-                WriteBatch(transitions=[tr], clear_dead_letters=batch.clear_dead_letters)
-            )
-        for item in batch.dead_items:
-            self._isolated.append(WriteBatch(dead_items=[item]))
-        if not self._closing:
-            delay = 0.0 if (risky or batch.dead_items) else _WRITE_RETRY_SECONDS
-            the_reactor().callLater(delay, self._schedule_flush)
-            if self._isolated:
-                the_reactor().callLater(_WRITE_RETRY_SECONDS, self._write_isolated)
-
-    def _write_isolated(self) -> None:
-        if self._closing or self._isolated_future is not None or not self._isolated:
+        if is_storage_failure(exc):
+            self._split.appendleft((batch, requests))
+            if not self._storage_trouble(exc):
+                self._schedule_flush()
             return
-        assert self.job is not None
-        batch = self._isolated.popleft()
-        self._isolated_future = self._db.call_soon(
-            self._write_on_thread,
-            lambda future: self._isolated_written(future, batch),
-            self.job.id,
-            batch,
-        )
+        parts = _halves(batch)
+        if len(parts) == 1:
+            self._refuse_alone(batch, requests, exc)
+        else:
+            if not self._split:  # once per failed batch, not per half
+                logger.warning(
+                    "Writing %(n)d frontier changes failed: %(error)s; writing them in "
+                    "parts to find the one the database refuses (nothing is dropped)",
+                    {"n": _units(batch), "error": self._cause(exc)},
+                    extra={"spider": self.spider},
+                )
+            for part in reversed(parts):
+                self._split.appendleft((part, requests))
+        self._schedule_flush()
 
-    def _isolated_written(self, future: Future[WriteResult], batch: WriteBatch) -> None:
-        self._isolated_future = None
-        exc = future.exception()
-        if exc is not None:
-            self.stats.inc_value("reliability/write/errors")
-            self._isolated.append(batch)
-            self._isolated_delay = min(self._isolated_delay * 2, 60.0)
-            what = (
-                f"the burial of frontier task {batch.transitions[0].task_id}"
-                if batch.transitions
-                else f"an item dead letter of {batch.dead_items[0].url}"
-            )
+    def _cause(self, exc: BaseException) -> str:
+        """``exc`` in one line, without the database URL's credentials."""
+        line = _one_line(exc)
+        if self.frontier is not None:
+            line = scrub(line, self.frontier.engine.url)
+        return line
+
+    def _storage_trouble(self, exc: BaseException) -> bool:
+        """Count a failure of the database itself; stop the crawl once it has
+        lasted RELIABILITY_STORAGE_GIVE_UP_SECONDS (at once for a lost SQLite
+        file). Returns True when the crawl is stopping. Anything else: False."""
+        if not is_storage_failure(exc):
+            return False
+        now = time.time()
+        if self._failing_since is None:
+            self._failing_since = now
+        self._storage_failures += 1
+        lasted = now - self._failing_since
+        if isinstance(exc, StorageLost) or lasted >= self._give_up_seconds:
+            self._stop_for_storage(exc, lasted)
+            return True
+        delay = min(_WRITE_RETRY_SECONDS * 2 ** (self._storage_failures - 1), 5.0)
+        self._retry_at = now + delay
+        self._idle_until = max(self._idle_until, self._retry_at)
+        self._wake_at(self._retry_at)
+        if self._storage_failures == 1 or self._storage_failures % 10 == 0:
             logger.error(
-                "Writing %(what)s failed again: %(error)s; it stays unresolved (not lost) "
-                "and is retried in %(s).0f s",
-                {"what": what, "error": exc, "s": self._isolated_delay},
+                "The frontier database is failing: %(error)s; retrying for up to %(limit).0f "
+                "s (RELIABILITY_STORAGE_GIVE_UP_SECONDS), nothing is dropped",
+                {"error": self._cause(exc), "limit": self._give_up_seconds},
                 extra={"spider": self.spider},
             )
-            if not self._closing:
-                the_reactor().callLater(self._isolated_delay, self._write_isolated)
+        return False
+
+    def _stop_for_storage(self, exc: BaseException, lasted: float) -> None:
+        if self._stopping:
             return
-        self._isolated_delay = _WRITE_RETRY_SECONDS
-        self._absorb(future.result(), batch, {})
-        if self._isolated and not self._closing:
-            the_reactor().callLater(0, self._write_isolated)
-        self._wake_engine()
+        self._stopping = True
+        where = self._url_for_log()
+        if isinstance(exc, StorageLost):
+            message = str(exc)
+        else:
+            message = (
+                f"The frontier database {where} failed for {lasted:.0f} s: {self._cause(exc)}. "
+                "Fix it (disk space, server, credentials) and run the same command again: "
+                "the crawl resumes where it stopped."
+            )
+        logger.error(
+            "Stopping the crawl. %(message)s", {"message": message}, extra={"spider": self.spider}
+        )
+        self.stats.set_value("reliability/stopped", "frontier_unavailable")
+        _exitcode.fail_after_close(self.crawler)
+        _stop_crawl(self.crawler, "frontier_unavailable")
+
+    def _refuse_alone(
+        self, batch: WriteBatch, requests: dict[str, Request], exc: BaseException
+    ) -> None:
+        """The one change of ``batch`` the database refuses: it alone pays."""
+        cause = self._cause(exc)
+        if batch.inserts:
+            row = batch.inserts[0]
+            self._refuse(
+                requests.get(row.fingerprint),
+                key=row.fingerprint,
+                url=row.url,
+                priority=row.priority,
+                reason=f"the database refused it: {cause}",
+                stat="database",
+                first=True,
+            )
+        elif batch.refusals:
+            ref = batch.refusals[0]
+            self.stats.inc_value("reliability/refused/unrecorded")
+            logger.error(
+                "Could not record the refused request %(url)s either (%(error)s); it is "
+                "named here only",
+                {"url": ref.url, "error": cause},
+                extra={"spider": self.spider},
+            )
+        elif batch.transitions:
+            self._transition_refused(batch.transitions[0], cause)
+        elif batch.dead_items:
+            self.stats.inc_value("reliability/dead/item_unrecorded")
+            logger.error(
+                "Could not record the item dead letter of %(url)s (%(error)s); it is named "
+                "here only",
+                {"url": batch.dead_items[0].url, "error": cause},
+                extra={"spider": self.spider},
+            )
+        else:
+            logger.error(
+                "Could not record domain state (%(error)s); the domains keep their old state",
+                {"error": cause},
+                extra={"spider": self.spider},
+            )
+
+    def _transition_refused(self, tr: Transition, cause: str) -> None:
+        """A transition the database refuses: a retry or redirect whose new request
+        cannot be stored is buried as ``refused`` instead; a burial that cannot be
+        written once more, plainly; anything else stays unresolved (released at
+        close, so the next run fetches it again: fail closed)."""
+        lease = self._settling.get((tr.task_id, tr.token))
+        url = lease.url if lease is not None else f"frontier task {tr.task_id}"
+        if tr.outcome in (Outcome.RESCHEDULE, Outcome.DEAD) and tr.error_class != "refused":
+            logger.error(
+                "Cannot store the %(what)s of %(url)s (%(error)s); burying it as refused",
+                {
+                    "what": "burial" if tr.outcome is Outcome.DEAD else "retry or redirect",
+                    "url": url,
+                    "error": cause,
+                },
+                extra={"spider": self.spider},
+            )
+            self.stats.inc_value("reliability/refused/transition")
+            self._batch.transitions.append(
+                Transition(
+                    tr.task_id,
+                    tr.token,
+                    Outcome.DEAD,
+                    error=f"cannot store its {tr.outcome.value}: {cause}",
+                    error_class="refused",
+                    attempts_inc=tr.attempts_inc,
+                )
+            )
+            return
+        self.stats.inc_value("reliability/unresolved")
+        logger.error(
+            "Cannot record that %(url)s is %(outcome)s (%(error)s); it stays unresolved and "
+            "goes back to pending when this worker stops",
+            {"url": url, "outcome": tr.outcome.value, "error": cause},
+            extra={"spider": self.spider},
+        )
+        self._forget(tr.task_id, tr.token)
+        self._settling.pop((tr.task_id, tr.token), None)
+
+    def _refuse(
+        self,
+        request: Request | None,
+        *,
+        key: str,
+        url: str,
+        priority: int,
+        reason: str,
+        stat: str,
+        first: bool = False,
+    ) -> None:
+        """Keep a request that cannot be scheduled as it is on the record: a dead
+        row of class ``refused`` holding what can be stored of it (URL, method,
+        callbacks; no meta), shown by ``status``, ``dead`` and ``explain`` and
+        replayed by ``scrapy retrypass``."""
+        assert self.spider is not None
+        self.stats.inc_value(f"reliability/refused/{stat}")
+        logger.error(
+            "Refused to schedule %(url)s: %(reason)s; kept as a dead letter of class "
+            "'refused' (`scrapy retrypass` replays it once fixed)",
+            {"url": storable_text(url, 500), "reason": reason},
+            extra={"spider": self.spider},
+        )
+        refusal = Refusal(
+            fingerprint=key,
+            url=storable_text(url, _URL_RECORD_LIMIT),
+            domain=storable_text(_hostname(url), 255),
+            priority=max(_INT32_MIN, min(_INT32_MAX, priority)),
+            payload=_stripped_payload(request, self.spider),
+            reason=reason,
+        )
+        if first:
+            # Found while a failed write is split: recorded before the parts after
+            # it (one of which may ack the request that yielded this one).
+            self._split.appendleft((WriteBatch(refusals=[refusal]), {}))
+        else:
+            self._batch.refusals.append(refusal)
+        self._schedule_flush()
 
     def _absorb(self, result: WriteResult, batch: WriteBatch, requests: dict[str, Request]) -> None:
         """Account for a written batch: duplicates, settled and lost leases."""
@@ -1234,20 +1630,29 @@ class Scheduler(BaseScheduler):
             return
         self._db.call_soon(self._beat_on_thread, self._beaten, self.job.id)
 
-    def _beat_on_thread(self, job_id: int) -> tuple[int, int]:
+    def _beat_on_thread(self, job_id: int) -> tuple[int, int, dict[str, frozenset[str]]]:
         assert self.frontier is not None
+        self.frontier.check_storage()
         renewed = self.frontier.renew(self.worker_id, lease_seconds=self.config.lease_seconds)
         expired = self.frontier.expire(job_id)
-        return renewed, expired
+        peers = self.frontier.live_callbacks(
+            job_id, me=self.worker_id, alive_within=self.config.lease_seconds
+        )
+        return renewed, expired, peers
 
-    def _beaten(self, future: Future[tuple[int, int]]) -> None:
+    def _beaten(self, future: Future[tuple[int, int, dict[str, frozenset[str]]]]) -> None:
         exc = future.exception()
         if exc is not None:
+            if is_storage_failure(exc):
+                self._storage_trouble(exc)  # logged there, and stops the crawl in time
+                return
             logger.error(
-                "Lease heartbeat failed: %(error)s", {"error": exc}, extra={"spider": self.spider}
+                "Lease heartbeat failed: %(error)s",
+                {"error": self._cause(exc)},
+                extra={"spider": self.spider},
             )
             return
-        _renewed, expired = future.result()
+        _renewed, expired, self._peer_callbacks = future.result()
         if self.frontier is not None:
             self.stats.set_value("reliability/db/round_trips", self.frontier.round_trips)
         if expired:
@@ -1288,6 +1693,106 @@ class Scheduler(BaseScheduler):
 
     def __len__(self) -> int:
         return len(self._ready) + len(self._batch.inserts)
+
+
+# A row whose callback this worker lacks goes back for a worker that has it, due
+# again after this long, at most this many times.
+_HAND_BACK_SECONDS = 3.0
+_MAX_HAND_BACKS = 200
+# A refused request's URL is kept up to this many characters.
+_URL_RECORD_LIMIT = 8192
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _units(batch: WriteBatch) -> int:
+    return (
+        len(batch.inserts)
+        + len(batch.refusals)
+        + len(batch.dead_items)
+        + len(batch.transitions)
+        + (1 if batch.domain_updates or batch.recoveries else 0)
+    )
+
+
+def _halves(batch: WriteBatch) -> list[WriteBatch]:
+    """``batch`` as two smaller batches, in the order a write applies them
+    (inserts before the transitions that may ack their parents); itself when it
+    holds one change."""
+    units: list[tuple[str, Any]] = (
+        [("insert", r) for r in batch.inserts]
+        + [("refusal", r) for r in batch.refusals]
+        + [("dead_item", d) for d in batch.dead_items]
+        + [("transition", t) for t in batch.transitions]
+    )
+    if batch.domain_updates or batch.recoveries:
+        units.append(("domains", (batch.domain_updates, batch.recoveries)))
+    if len(units) <= 1:
+        return [batch]
+    middle = len(units) // 2
+    parts = []
+    for chunk in (units[:middle], units[middle:]):
+        part = WriteBatch(clear_dead_letters=batch.clear_dead_letters)
+        for kind, unit in chunk:
+            if kind == "insert":
+                part.inserts.append(unit)
+            elif kind == "refusal":
+                part.refusals.append(unit)
+            elif kind == "dead_item":
+                part.dead_items.append(unit)
+            elif kind == "transition":
+                part.transitions.append(unit)
+            else:
+                part.domain_updates, part.recoveries = unit
+        parts.append(part)
+    return parts
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error in one line, without SQLAlchemy's statement and parameters (a
+    batch's parameters can be megabytes, and are the request's data)."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(orig if orig is not None else exc).__name__}: {first}"[:500]
+
+
+def _hostname(url: str) -> str:
+    try:
+        return urlparse_cached(Request(url)).hostname or ""
+    except Exception:  # a URL Request refuses has no hostname worth keeping
+        return ""
+
+
+def _stripped_payload(request: Request | None, spider: Spider) -> str:
+    """What can be stored of a refused request: its URL, method, callbacks and
+    priority, without meta, cb_kwargs, headers or body (one of which is what was
+    refused). '{}' when not even that can be stored (replayed, it is corrupt)."""
+    if request is None:
+        return "{}"
+    try:
+        bare = Request(
+            request.url,
+            method=request.method,
+            callback=request.callback,
+            errback=request.errback,
+            priority=max(_INT32_MIN, min(_INT32_MAX, request.priority)),
+            dont_filter=request.dont_filter,
+        )
+        return request_to_payload(bare, spider)
+    except Exception:  # whatever refused the request may refuse this too
+        return "{}"
+
+
+def _stop_crawl(crawler: Crawler, reason: str) -> None:
+    """Close the spider with ``reason`` (Scrapy 2.13's and 2.14+'s engine)."""
+    engine = crawler.engine
+    close_async = getattr(engine, "close_spider_async", None)
+    if close_async is not None:
+        from scrapy.utils.defer import deferred_from_coro
+
+        deferred_from_coro(close_async(reason=reason))
+    elif crawler.spider is not None:
+        engine.close_spider(crawler.spider, reason)
 
 
 _STAT_OF = {

@@ -29,13 +29,15 @@ JOB = "shop"
 SCHEME = "scrapy.utils.request.RequestFingerprinter"
 WORKER = "host:1234:cafe"
 # Per-domain limits shared by the claims below and by the command (same settings).
-DOMAIN_SETTINGS = {"rate.test": {"rate": 0.01, "burst": 1}, "slot.test": {"concurrency": 1}}
+# Every wait below is hours long, so a slow machine never sees one end mid-test.
+DOMAIN_SETTINGS = {"rate.test": {"rate": 0.0001, "burst": 1}, "slot.test": {"concurrency": 1}}
 POLITENESS = Politeness(
     overrides={
-        "rate.test": DomainLimits(rate=0.01, burst=1),
+        "rate.test": DomainLimits(rate=0.0001, burst=1),
         "slot.test": DomainLimits(concurrency=1),
     }
 )
+LEASE = 3600.0
 
 URLS = {
     "done": "http://done.test/page",
@@ -107,7 +109,7 @@ class States:
             )
         )
         self._claimed("leased", now)
-        self._claimed("lease_expired", now - 120)
+        self._claimed("lease_expired", now - 2 * LEASE)
         later = self._claimed("not_before", now)
         self._write(
             Transition(
@@ -116,7 +118,7 @@ class States:
                 Outcome.RESCHEDULE,
                 payload="{}",
                 url=URLS["not_before"],
-                not_before=now + 600,
+                not_before=now + 7200,
                 attempts_inc=1,
                 status=500,
                 error="HTTP 500",
@@ -137,7 +139,7 @@ class States:
                 error="HTTP 429",
                 error_class="throttled",
                 domain="paused.test",
-                pause_until=now + 900,
+                pause_until=now + 7200,
                 pause_reason="Retry-After (429)",
             )
         )
@@ -159,7 +161,7 @@ class States:
     def _claimed(self, state: str, now: float, url: str | None = None) -> Any:
         self.ids[state] = self._add(url or URLS[state])[0]
         result = self.frontier.claim(
-            self.job.id, WORKER, 1, lease_seconds=60, politeness=POLITENESS, now=now
+            self.job.id, WORKER, 1, lease_seconds=LEASE, politeness=POLITENESS, now=now
         )
         assert [r.id for r in result.rows] == [self.ids[state]], state
         return result.rows[0]
@@ -195,10 +197,16 @@ def test_explain_gives_the_reason_of_each_state(
         if state != "never_seen":
             assert found[url]["task_id"] == states.ids[state], state
     assert found[URLS["leased"]]["worker"]["id"] == WORKER
-    assert found[URLS["leased"]]["until"] > time.time() + 30
-    assert found[URLS["not_before"]]["until"] > time.time() + 500
-    assert found[URLS["domain_paused"]]["until"] > time.time() + 800
-    assert found[URLS["waiting_for_token"]]["until"] > time.time() + 50
+    assert found[URLS["leased"]]["until"] > time.time() + 1800
+    assert found[URLS["not_before"]]["until"] > time.time() + 3600
+    assert found[URLS["domain_paused"]]["until"] > time.time() + 3600
+    assert found[URLS["waiting_for_token"]]["until"] > time.time() + 3600
+    # The job stored no limits (its crawl predates them): the command's settings stand in.
+    assert found[URLS["waiting_for_token"]]["limits"] == {
+        "rate": 0.0001,
+        "burst": 1,
+        "concurrency": 0,
+    }
 
     # The same for people: one line per URL with what it waits for and until when.
     text = frontier_cmd(tmp_path, "explain", *URLS.values(), *common, settings=settings)
@@ -256,8 +264,17 @@ def test_dead_export_requeue_and_purge(states: States, frontier_url: str, tmp_pa
     assert done["purged"] == {"pending": 1}
     assert states.frontier.lease_of(states.ids["due"])[0] == "ignored"
 
-    # The whole job: refused while its worker is live, done with --force.
-    refused = frontier_cmd(tmp_path, "purge", *common, "--whole-job", "--yes")
+    # The whole job: refused while its worker is live, done with --force. "Live" is
+    # "heard from within a lease": with an hour-long lease the worker registered at the
+    # start of the test is live however slow the machine (a 30 s lease was not).
+    refused = frontier_cmd(
+        tmp_path,
+        "purge",
+        *common,
+        "--whole-job",
+        "--yes",
+        settings={"RELIABILITY_LEASE_SECONDS": LEASE},
+    )
     assert refused.returncode == 1
     assert "live workers" in refused.stdout and "--force" in refused.stdout
     gone = as_json(
@@ -284,7 +301,7 @@ def test_status_of_a_running_job_shows_its_workers_and_leases(
     (worker,) = status["workers"]
     assert (worker["id"], worker["leases"]) == (WORKER, 4)
     domains = {d["domain"]: d for d in status["domains"]}
-    assert domains["paused.test"]["paused_until"] > time.time() + 800
+    assert domains["paused.test"]["paused_until"] > time.time() + 3600
     text = frontier_cmd(tmp_path, "status", *common)
     assert text.returncode == 0, text.stdout + text.stderr
     for line in ("pending         5", "leased          4", "permanent         1", WORKER):
@@ -352,3 +369,83 @@ def test_bad_arguments_are_refused_with_what_to_do(tmp_path: Path) -> None:
     result = frontier_cmd(tmp_path, "purge", "--database-url", "sqlite:///x.sqlite")
     assert result.returncode == 2
     assert "--dead-letters, --pending or --whole-job" in result.stderr
+
+
+def test_status_counts_come_from_one_snapshot(frontier_url: str) -> None:
+    """A claim that commits while ``status`` reads (injected right after its first
+    query) shows in none of its figures or in all: the state table, the domain rows
+    and the workers' leases agree."""
+    from sqlalchemy import event
+
+    from scrapy_reliability.frontier import dialect
+    from scrapy_reliability.frontier.inspect import Inspector
+
+    frontier = Frontier.connect(frontier_url, exclusive=False)
+    engine = dialect.create(dialect.parse_url(frontier_url), busy_timeout=30)
+    try:
+        job = frontier.open_job(JOB, SCHEME)
+        frontier.register_worker(job.id, WORKER, "host", 1234)
+        frontier.add(job.id, [new(f"http://busy.test/{i}") for i in range(6)])
+        frontier.claim(job.id, WORKER, 1, lease_seconds=LEASE)
+        inspector = Inspector(engine)
+        info = inspector.latest_job(JOB)
+        assert info is not None
+        claimed_meanwhile: list[int] = []
+
+        @event.listens_for(engine, "after_cursor_execute")
+        def claim_meanwhile(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if claimed_meanwhile or not statement.lstrip().upper().startswith("SELECT"):
+                return
+            result = frontier.claim(job.id, WORKER, 1, lease_seconds=LEASE)
+            claimed_meanwhile.append(len(result.rows))
+
+        status = inspector.status(info)
+        event.remove(engine, "after_cursor_execute", claim_meanwhile)
+        assert claimed_meanwhile == [1], "the concurrent claim did not happen mid-read"
+        leased_by_state = status.counts["leased"]
+        leased_by_domain = sum(d.counts["leased"] for d in status.domains)
+        leased_by_worker = sum(w.leases for w in status.workers)
+        print(
+            f"status while a claim committed: state table {leased_by_state} leased, "
+            f"domain rows {leased_by_domain}, worker leases {leased_by_worker}"
+        )
+        assert leased_by_state == leased_by_domain == leased_by_worker == 1
+        # The next read sees the claim.
+        assert inspector.status(info).counts["leased"] == 2
+    finally:
+        engine.dispose()
+        frontier.close()
+
+
+def test_explain_status_and_domains_report_the_limits_the_crawl_runs_with(
+    frontier_url: str, tmp_path: Path
+) -> None:
+    frontier = Frontier.connect(frontier_url, exclusive=False)
+    try:
+        job = frontier.open_job(JOB, SCHEME)
+        frontier.add(job.id, [new("http://fast.test/1")])
+        crawl_limits = Politeness(
+            DomainLimits(rate=0.0, burst=1, concurrency=8),
+            overrides={"slow.test": DomainLimits(rate=0.5, burst=1, concurrency=1)},
+        )
+        frontier.record_limits(job.id, crawl_limits.to_json())
+    finally:
+        frontier.close()
+    common = ["--database-url", frontier_url, "--job", JOB]
+    # This command's own settings differ from the crawl's: the crawl's are reported.
+    own = {"DOWNLOAD_DELAY": 1, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    explained = as_json(
+        frontier_cmd(tmp_path, "explain", "http://fast.test/1", *common, "--json", settings=own)
+    )
+    (found,) = explained["explanations"]
+    assert found["limits"] == {"rate": 0.0, "burst": 1, "concurrency": 8}
+    status = as_json(frontier_cmd(tmp_path, "status", *common, "--json", settings=own))
+    assert status["limits"]["source"] == "crawl"
+    assert status["limits"]["default"] == {"rate": 0.0, "burst": 1, "concurrency": 8}
+    assert status["limits"]["overrides"]["slow.test"]["rate"] == 0.5
+    domains = as_json(frontier_cmd(tmp_path, "domains", *common, "--json", settings=own))
+    assert domains["domains"][0]["limits"]["concurrency"] == 8
+    text = frontier_cmd(tmp_path, "status", *common, settings=own)
+    print(text.stdout.splitlines()[2])
+    assert "Per-domain limits (as the crawl runs): no rate limit, at most 8 at once" in text.stdout
+    assert "1 domain with their own" in text.stdout

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import math
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scrapy.settings import Settings
 
-from scrapy_reliability.config import Config, SettingError
+from scrapy_reliability.config import (
+    MAX_CLAIM_BATCH,
+    MAX_SECONDS,
+    ORDERS,
+    Config,
+    SettingError,
+    limits_text,
+)
 
 
 def test_defaults():
@@ -15,6 +28,9 @@ def test_defaults():
     assert config.heartbeat_seconds == pytest.approx(10.0)
     assert config.order == "bfs"
     assert config.auto_migrate is False
+    # Dead letters stay in the frontier unless the project asks for them as items.
+    assert config.dead_letter_items is False
+    assert config.dead_letter_feeds == ()
 
 
 def test_values_are_parsed():
@@ -75,3 +91,305 @@ def test_addon_rejects_bad_settings_at_startup():
     settings = Settings({"RELIABILITY_ORDER": "sideways"})
     with pytest.raises(SettingError, match="RELIABILITY_ORDER"):
         Addon(crawler=None).update_settings(settings)  # type: ignore[arg-type]
+
+
+# -- dead letters as items are a choice -------------------------------------------------------
+
+
+def test_a_feed_that_names_dead_letters_is_the_opt_in():
+    feeds = {
+        "pages.jsonl": {"format": "jsonlines"},
+        "dead.jsonl": {"format": "jsonlines", "item_classes": ["scrapy_reliability.DeadLetter"]},
+        "also-dead.csv": {"format": "csv", "item_classes": ["scrapy_reliability.items.DeadLetter"]},
+        "mine.jsonl": {"format": "jsonlines", "item_classes": ["scrapy.Item"]},
+    }
+    config = Config.from_settings(Settings({"FEEDS": feeds}))
+    assert config.dead_letter_feeds == ("dead.jsonl", "also-dead.csv")
+    assert config.dead_letter_items is False  # no pipeline sees them
+    plain = Config.from_settings(Settings({"FEEDS": {"pages.jsonl": {"format": "jsonlines"}}}))
+    assert plain.dead_letter_feeds == ()
+    explicit = Config.from_settings(Settings({"RELIABILITY_DEAD_LETTER_ITEMS": "true"}))
+    assert explicit.dead_letter_items is True
+
+
+def test_a_dead_letter_works_as_a_mapping():
+    from itemadapter import ItemAdapter
+    from scrapy.exporters import JsonLinesItemExporter
+
+    from scrapy_reliability import DeadLetter
+
+    item = DeadLetter(
+        url="http://a.test/x", error_class="permanent", status=404, attempts=1, error="HTTP 404"
+    )
+    as_dict = dict(item)
+    assert as_dict["url"] == "http://a.test/x" and as_dict["status"] == 404
+    assert item["error_class"] == "permanent"
+    assert item.get("status") == 404 and item.get("title") is None
+    assert "url" in item and "title" not in item
+    assert set(item.keys()) == set(as_dict) and len(item) == len(as_dict)
+    assert ItemAdapter.is_item(item) and ItemAdapter(item).asdict() == as_dict
+    item["error"] = "HTTP 404 Not Found"  # a pipeline may set a field
+    assert item.error == "HTTP 404 Not Found"
+    with pytest.raises(KeyError, match="no field 'title'"):
+        item["title"] = "x"
+    with pytest.raises(KeyError):
+        item["title"]
+    assert item == DeadLetter(**dict(item)) and item != as_dict
+
+    import io
+
+    out = io.BytesIO()
+    exporter = JsonLinesItemExporter(out)
+    exporter.export_item(item)
+    assert json.loads(out.getvalue())["url"] == "http://a.test/x"
+
+
+# -- the project's own politeness settings win ------------------------------------------------
+
+
+def _politeness(values: dict[str, Any], priority: str = "project") -> Config:
+    settings = Settings()
+    settings.setdict(values, priority=priority)
+    return Config.from_settings(settings)
+
+
+def test_explicit_download_delay_0_means_no_frontier_rate():
+    config = _politeness({"DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 8})
+    assert (config.politeness.default.rate, config.politeness.default.concurrency) == (0.0, 8)
+    text = limits_text(config)
+    print(text)
+    assert "no rate limit from DOWNLOAD_DELAY = 0" in text
+    assert "at most 8 at once from CONCURRENT_REQUESTS_PER_DOMAIN" in text
+
+
+def test_polite_defaults_only_where_the_project_said_nothing():
+    config = Config.from_settings(Settings())
+    default = config.politeness.default
+    assert (default.rate, default.burst, default.concurrency) == (4.0, 4, 4)
+    assert "polite default: the project sets no DOWNLOAD_DELAY" in limits_text(config)
+    # Only the concurrency set: the rate stays polite.
+    half = _politeness({"CONCURRENT_REQUESTS_PER_DOMAIN": 2})
+    assert (half.politeness.default.rate, half.politeness.default.concurrency) == (4.0, 2)
+    # DOWNLOAD_DELAY is a gap between requests: its rate has no burst.
+    delayed = _politeness({"DOWNLOAD_DELAY": 0.25})
+    assert (delayed.politeness.default.rate, delayed.politeness.default.burst) == (4.0, 1)
+    assert "from DOWNLOAD_DELAY = 0.25" in limits_text(delayed)
+
+
+def test_values_the_addon_sets_are_not_the_projects():
+    # The add-on's own values (priority "addon") must not read as the project's choice.
+    config = _politeness({"DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 16}, "addon")
+    assert (config.politeness.default.rate, config.politeness.default.concurrency) == (4.0, 4)
+    # Scrapy's own default (priority "default") neither.
+    assert Settings().getpriority("CONCURRENT_REQUESTS_PER_DOMAIN") == 0
+    # A command's defaults (scrapy retrypass: gentler) are the project's choice of run.
+    retry = _politeness({"DOWNLOAD_DELAY": 0.5, "CONCURRENT_REQUESTS_PER_DOMAIN": 2}, "command")
+    assert (retry.politeness.default.rate, retry.politeness.default.concurrency) == (2.0, 2)
+
+
+def test_autothrottle_on_leaves_the_rate_to_it_and_reliability_settings_win():
+    auto = _politeness({"AUTOTHROTTLE_ENABLED": True})
+    assert auto.politeness.default.rate == 0.0
+    assert "AutoThrottle" in limits_text(auto)
+    off = _politeness({"AUTOTHROTTLE_ENABLED": False})
+    assert off.politeness.default.rate == 4.0
+    mine = _politeness(
+        {
+            "DOWNLOAD_DELAY": 0,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
+            "RELIABILITY_DOMAIN_RATE": 2,
+            "RELIABILITY_DOMAIN_CONCURRENCY": 1,
+        }
+    )
+    assert (mine.politeness.default.rate, mine.politeness.default.concurrency) == (2.0, 1)
+    assert "from RELIABILITY_DOMAIN_RATE" in limits_text(mine)
+
+
+# -- every setting validated ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "named", "says"),
+    [
+        ({"RELIABILITY_DOMAINS": "example.com"}, "RELIABILITY_DOMAINS", "JSON object"),
+        ({"RELIABILITY_DOMAINS": ["example.com"]}, "RELIABILITY_DOMAINS", "a dict"),
+        ({"RELIABILITY_DOMAINS": {"a.com": [1, 2]}}, "RELIABILITY_DOMAINS['a.com']", "[1, 2]"),
+        ({"RELIABILITY_DOMAINS": {"a.com": {"rate": "inf"}}}, "RELIABILITY_DOMAINS", "'inf'"),
+        ({"RELIABILITY_DOMAINS": {"a.com": {"rate": 1e400}}}, "RELIABILITY_DOMAINS", "inf"),
+        ({"RELIABILITY_DOMAINS": {"a.com": {"burst": True}}}, "RELIABILITY_DOMAINS", "True"),
+        ({"RELIABILITY_DOMAIN_RATE": float("inf")}, "RELIABILITY_DOMAIN_RATE", "inf"),
+        ({"RELIABILITY_DOMAIN_RATE": float("nan")}, "RELIABILITY_DOMAIN_RATE", "nan"),
+        ({"RELIABILITY_DOMAIN_RATE": 10**400}, "RELIABILITY_DOMAIN_RATE", "number"),
+        ({"RELIABILITY_LEASE_SECONDS": "inf"}, "RELIABILITY_LEASE_SECONDS", "86400"),
+        ({"RELIABILITY_LEASE_SECONDS": True}, "RELIABILITY_LEASE_SECONDS", "seconds"),
+        ({"RELIABILITY_CLAIM_BATCH": 10**30}, "RELIABILITY_CLAIM_BATCH", str(MAX_CLAIM_BATCH)),
+        ({"RELIABILITY_CLAIM_BATCH": 2.5}, "RELIABILITY_CLAIM_BATCH", "whole number"),
+        ({"RELIABILITY_JSON_LOGS": [1]}, "RELIABILITY_JSON_LOGS", "True or False"),
+        ({"RELIABILITY_DEAD_LETTER_ITEMS": 2}, "RELIABILITY_DEAD_LETTER_ITEMS", "True or False"),
+        ({"RELIABILITY_PROMETHEUS_PORT": float("inf")}, "RELIABILITY_PROMETHEUS_PORT", "port"),
+        ({"RELIABILITY_PROMETHEUS_PORT": True}, "RELIABILITY_PROMETHEUS_PORT", "port"),
+        ({"RELIABILITY_RETRY_PASS": {"min_age": "nan"}}, "RELIABILITY_RETRY_PASS", "min_age"),
+        ({"RELIABILITY_RETRY_PASS": "[1]"}, "RELIABILITY_RETRY_PASS", "dict"),
+        ({"RELIABILITY_JOB": ["a"]}, "RELIABILITY_JOB", "job name"),
+        ({"RELIABILITY_ORDER": b"bfs"}, "RELIABILITY_ORDER", "bfs, dfs"),
+        ({"RELIABILITY_SUMMARY_INTERVAL": 1e300}, "RELIABILITY_SUMMARY_INTERVAL", "86400"),
+        ({"DOWNLOAD_DELAY": "soon"}, "DOWNLOAD_DELAY", "seconds"),
+    ],
+)
+def test_wrong_types_and_ranges_name_the_setting_and_what_it_accepts(values, named, says):
+    with pytest.raises(SettingError) as caught:
+        Config.from_settings(Settings(values))
+    message = str(caught.value)
+    print(message)
+    assert message.startswith(named) and says in message
+    assert "{options" not in message  # the f-string of old printed its own source
+
+
+# Every RELIABILITY_* setting Config reads (grep config.py for the names).
+CONFIG_SETTINGS = (
+    "RELIABILITY_DATABASE_URL",
+    "RELIABILITY_JOB",
+    "RELIABILITY_LEASE_SECONDS",
+    "RELIABILITY_HEARTBEAT_SECONDS",
+    "RELIABILITY_CLAIM_BATCH",
+    "RELIABILITY_ORDER",
+    "RELIABILITY_AUTO_MIGRATE",
+    "RELIABILITY_SQLITE_BUSY_TIMEOUT",
+    "RELIABILITY_DEDUP_CACHE_SIZE",
+    "RELIABILITY_MAX_IN_FLIGHT",
+    "RELIABILITY_DEAD_LETTER_ITEMS",
+    "RELIABILITY_RETRY_PASS",
+    "RELIABILITY_RESTART_FINISHED",
+    "RELIABILITY_DOMAIN_RATE",
+    "RELIABILITY_DOMAIN_BURST",
+    "RELIABILITY_DOMAIN_CONCURRENCY",
+    "RELIABILITY_DOMAIN_JITTER",
+    "RELIABILITY_DOMAIN_SLOW_START_SECONDS",
+    "RELIABILITY_DOMAINS",
+    "RELIABILITY_JSON_LOGS",
+    "RELIABILITY_SUMMARY_INTERVAL",
+    "RELIABILITY_PROMETHEUS_PORT",
+    "RELIABILITY_PROMETHEUS_ADDRESS",
+)
+RETRY_SETTINGS = (
+    "RELIABILITY_MAX_ATTEMPTS",
+    "RELIABILITY_BACKOFF_BASE_SECONDS",
+    "RELIABILITY_BACKOFF_MAX_SECONDS",
+    "RELIABILITY_RETRY_AFTER_MAX_SECONDS",
+    "RELIABILITY_STATUS_CLASSES",
+)
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.binary(max_size=8),
+    st.integers(min_value=-(10**6), max_value=10**6).map(str),
+    st.floats().map(repr),
+    st.sampled_from(
+        [
+            "inf",
+            "-inf",
+            "nan",
+            "1e400",
+            "9" * 5000,
+            "true",
+            "False",
+            "yes",
+            "bfs",
+            "DFS",
+            "{}",
+            "[]",
+            "[1, 2]",
+            '{"a.com": 1}',
+            '{"a.com": {"rate": "x"}}',
+            "9410-9420",
+            "9410-",
+            "postgresql+psycopg://u@h/db",
+            " ",
+            "0",
+            "-1",
+            "1.5",
+            "8",
+        ]
+    ),
+)
+_containers = st.one_of(
+    st.lists(_scalars, max_size=3),
+    st.dictionaries(st.one_of(st.text(max_size=6), st.integers()), _scalars, max_size=3),
+    # The shapes the dict settings take, with arbitrary values inside.
+    st.dictionaries(st.sampled_from(["rate", "burst", "concurrency", "delay"]), _scalars),
+    st.dictionaries(
+        st.sampled_from(["a.com", "b.org"]),
+        st.one_of(
+            _scalars, st.dictionaries(st.sampled_from(["rate", "burst", "concurrency"]), _scalars)
+        ),
+    ),
+    st.dictionaries(
+        st.sampled_from(["error_classes", "domains", "min_age"]),
+        st.one_of(_scalars, st.lists(st.sampled_from(["transient", "permanent", "x", ""]))),
+    ),
+)
+_values = st.one_of(_scalars, _containers)
+
+
+def _assert_in_range(config: Config) -> None:
+    assert config.database_url is None or (
+        isinstance(config.database_url, str) and config.database_url.strip()
+    )
+    assert config.job is None or (isinstance(config.job, str) and config.job)
+    assert 0 < config.heartbeat_seconds < config.lease_seconds <= MAX_SECONDS
+    assert 1 <= config.claim_batch <= MAX_CLAIM_BATCH
+    assert config.order in ORDERS
+    assert 0 < config.sqlite_busy_timeout <= MAX_SECONDS
+    assert config.dedup_cache_size >= 1
+    assert config.max_in_flight is None or config.max_in_flight >= 1
+    for flag in (config.auto_migrate, config.dead_letter_items, config.restart_finished):
+        assert isinstance(flag, bool)
+    if config.retry_pass is not None:
+        assert math.isfinite(config.retry_pass.min_age) and config.retry_pass.min_age >= 0
+    politeness = config.politeness
+    for limits in (politeness.default, *politeness.overrides.values()):
+        assert math.isfinite(limits.rate) and limits.rate >= 0
+        assert isinstance(limits.burst, int) and limits.burst >= 1
+        assert isinstance(limits.concurrency, int) and limits.concurrency >= 0
+    assert 0 <= politeness.jitter <= 1
+    assert math.isfinite(politeness.slow_start) and politeness.slow_start >= 0
+    monitoring = config.monitoring
+    assert isinstance(monitoring.json_logs, bool)
+    assert math.isfinite(monitoring.summary_interval) and monitoring.summary_interval >= 0
+    if monitoring.prometheus_ports is not None:
+        first, last = monitoring.prometheus_ports
+        assert 0 <= first <= last <= 65535
+    json.loads(politeness.to_json())  # what the job stores is valid JSON
+
+
+@settings(max_examples=10_000, deadline=None)
+@given(name=st.sampled_from(CONFIG_SETTINGS), value=_values)
+def test_any_value_of_any_setting_is_accepted_in_range_or_named(name: str, value: Any) -> None:
+    try:
+        config = Config.from_settings(Settings({name: value}))
+    except SettingError as exc:
+        # The heartbeat default follows the lease: a bad lease may be reported as either.
+        assert name in str(exc) or "RELIABILITY_HEARTBEAT_SECONDS" in str(exc), str(exc)
+        return
+    _assert_in_range(config)
+
+
+@settings(max_examples=10_000, deadline=None)
+@given(name=st.sampled_from(RETRY_SETTINGS), value=_values)
+def test_any_value_of_a_retry_setting_is_accepted_in_range_or_named(name: str, value: Any) -> None:
+    from scrapy_reliability.retry import RetryPolicy
+
+    try:
+        policy = RetryPolicy.from_settings(Settings({name: value}))
+    except SettingError as exc:
+        assert name in str(exc) or "RELIABILITY_BACKOFF" in str(exc), str(exc)
+        return
+    assert policy.max_attempts >= 1
+    for seconds in (policy.backoff_base, policy.backoff_max, policy.retry_after_max):
+        assert math.isfinite(seconds) and seconds >= 0
+    assert policy.backoff_base <= policy.backoff_max

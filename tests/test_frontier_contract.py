@@ -722,7 +722,9 @@ def test_a_write_aborted_as_a_deadlock_runs_again(postgres_url: str) -> None:
             conn.commit()
             writer.join(timeout=30)
         assert result, "the write failed instead of running again"
-        assert frontier.deadlocks == 1
+        # At least once; twice when the run again took "a" before the other session's
+        # waiting insert did (the same deadlock again, which the next run survives).
+        assert frontier.deadlocks >= 1
         assert frontier.counts(job_id) == {"pending": 2}
     finally:
         frontier.close()

@@ -1,12 +1,26 @@
-"""The error classification table, backoff with full jitter, and Retry-After parsing."""
+"""The error classification table, backoff with full jitter, Retry-After parsing, and
+the retry middleware's decision for a response (Retry-After, requests that are not
+frontier rows)."""
 
 from __future__ import annotations
 
+import datetime
 import email.utils
+import math
 import random
+import time
+from collections import Counter
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scrapy import Request, Spider
+from scrapy.crawler import Crawler
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http import Headers, Response
 from scrapy.settings import Settings
+from scrapy.utils.test import get_crawler
 from twisted.internet.defer import CancelledError
 from twisted.internet.error import (
     ConnectionRefusedError,
@@ -17,7 +31,14 @@ from twisted.internet.error import (
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
 from scrapy_reliability.config import SettingError
+from scrapy_reliability.middlewares import (
+    ATTEMPTS_META,
+    RETRY_META,
+    RetryMiddleware,
+    failure_of,
+)
 from scrapy_reliability.retry import (
+    MAX_RETRY_AFTER_SECONDS,
     Action,
     ErrorClass,
     RetryPolicy,
@@ -160,3 +181,417 @@ def test_enormous_retry_after_is_parsed_then_capped_by_the_policy():
     assert RetryPolicy().decide(ErrorClass.THROTTLED, 1, retry_after=parsed.seconds).action is (
         Action.BURY
     )
+
+
+# -- Retry-After values that once raised or were misread -------------------------------------
+#
+# Each of these raised out of the parser (so out of the middleware: Scrapy then handed
+# the request on as a download error, and it was dead-lettered at its first attempt as
+# "transient", its HTTP status lost) or was read as a number though RFC 9110's
+# delta-seconds is ASCII digits only.
+
+NOW = 1_000_000.0
+
+BAD_RETRY_AFTER = {
+    "hundreds of digits": b"9" * 400,
+    "more digits than int() converts": b"9" * 5000,
+    "superscript two (a digit in latin-1)": b"\xb2",
+    "superscript digits": "\u00b9\u00b2\u00b3".encode("latin-1"),
+    "two signs": b"+-5",
+    "double minus": b"--5",
+    "plus sign": b"+5",
+    "negative zero": b"-0",
+    "arabic-indic digits (text)": "\u0663\u0660",
+    "arabic-indic digits (utf-8 bytes)": "\u0663\u0660".encode(),
+    "full-width digits (text)": "\uff13\uff10",
+    "full-width digits (utf-8 bytes)": "\uff13\uff10".encode(),
+    "devanagari digits (text)": "\u0969",
+    "exponent": b"1e3",
+    "fraction": b"1.5",
+    "nan": b"NaN",
+    "infinity": b"inf",
+    "negative": b"-5",
+    "empty": b"",
+    "blank": b"   ",
+    "not utf-8 nor text": b"\xff\xfe\x00\x80",
+    "nul": b"\x00",
+    "past date": b"Thu, 01 Jan 1970 00:00:10 GMT",
+    "year 10000 date": b"Sat, 01 Jan 10000 00:00:00 GMT",
+    "offset of a day": b"Sun, 06 Nov 2094 08:49:37 +2400",
+    "bad day": b"Tue, 99 Foo 2020",
+    "beyond any date": b"999999999999",
+}
+
+
+@pytest.mark.parametrize("value", BAD_RETRY_AFTER.values(), ids=BAD_RETRY_AFTER.keys())
+def test_bad_retry_after_is_invalid_not_an_exception(value: bytes | str) -> None:
+    parsed = parse_retry_after(value, now=NOW)
+    assert parsed.seconds is None
+    assert parsed.invalid
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (b"0", 0),
+        (b"007", 7),
+        (b"\t42 ", 42),
+        (b"0" * 5000 + b"5", 5),
+        (b"99999999999", 99999999999),
+        # RFC 9110's obsolete asctime form carries no zone: it is GMT.
+        (email.utils.formatdate(NOW + 60, usegmt=True).encode(), 60),
+        (time.asctime(time.gmtime(NOW + 60)).encode(), 60),
+        (b"Fri, 31 Dec 9999 23:59:59 GMT", 253402300799 - NOW),
+    ],
+)
+def test_valid_retry_after_forms(value: bytes, seconds: float) -> None:
+    parsed = parse_retry_after(value, now=NOW)
+    assert parsed.invalid is None
+    assert parsed.seconds == pytest.approx(seconds, abs=1)
+
+
+def _crawler(**settings: Any) -> Crawler:
+    crawler = get_crawler(Spider, {"LOG_LEVEL": "INFO", **settings})
+    crawler.spider = Spider.from_crawler(crawler, name="t")
+    return crawler
+
+
+def _frontier_request(url: str = "http://a.test/p/1") -> Request:
+    """A request as the scheduler hands it to Scrapy: a frontier row (task id) with
+    no failed attempt yet."""
+    return Request(url, meta={"reliability_task_id": 1, ATTEMPTS_META: 0})
+
+
+def _answer(request: Request, status: int, retry_after: list[bytes]) -> Response:
+    headers = Headers({b"Retry-After": retry_after}) if retry_after else Headers()
+    return Response(request.url, status=status, headers=headers, request=request)
+
+
+@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize("value", BAD_RETRY_AFTER.values(), ids=BAD_RETRY_AFTER.keys())
+def test_bad_retry_after_falls_back_to_the_backoff_keeping_the_status(
+    status: int, value: bytes | str
+) -> None:
+    crawler = _crawler(RELIABILITY_BACKOFF_MAX_SECONDS=8)
+    middleware = RetryMiddleware.from_crawler(crawler)
+    assert crawler.stats is not None
+    request = _frontier_request()
+    raw = value.encode("utf-8") if isinstance(value, str) else value
+    before = time.time()
+    result = middleware.process_response(request, _answer(request, status, [raw]))
+    assert isinstance(result, Request), "retried, not dead-lettered"
+    retry = result.meta[RETRY_META]
+    assert retry["status"] == status
+    assert retry["error_class"] == "throttled"
+    assert retry["pause_until"] is None
+    assert 0 <= retry["not_before"] - before <= 8 + 1
+    assert failure_of(request) is None
+    assert crawler.stats.get_value("reliability/retry_after/invalid") == 1
+    assert crawler.stats.get_value("reliability/retry/throttled") == 1
+
+
+@pytest.mark.parametrize(
+    ("values", "seconds"),
+    [
+        ([b"garbage", b"5"], 5),
+        ([b"5", b"30"], 30),
+        ([b"30", b"\xff"], 30),
+    ],
+)
+def test_several_retry_after_headers_honour_the_longest_valid_wait(
+    values: list[bytes], seconds: float
+) -> None:
+    crawler = _crawler()
+    middleware = RetryMiddleware.from_crawler(crawler)
+    assert crawler.stats is not None
+    request = _frontier_request()
+    before = time.time()
+    result = middleware.process_response(request, _answer(request, 429, values))
+    assert isinstance(result, Request)
+    retry = result.meta[RETRY_META]
+    assert retry["not_before"] - before == pytest.approx(seconds, abs=1)
+    assert retry["pause_until"] == retry["not_before"]
+    assert crawler.stats.get_value("reliability/retry_after/invalid") is None
+
+
+def test_invalid_retry_after_is_counted_each_time_and_logged_once_per_domain(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    crawler = _crawler()
+    middleware = RetryMiddleware.from_crawler(crawler)
+    assert crawler.stats is not None
+    for url in ["http://a.test/1", "http://a.test/2", "http://a.test/3", "http://b.test/1"]:
+        request = _frontier_request(url)
+        result = middleware.process_response(request, _answer(request, 503, [b"9" * 400]))
+        assert isinstance(result, Request)
+        assert result.meta[RETRY_META]["status"] == 503
+    assert crawler.stats.get_value("reliability/retry_after/invalid") == 4
+    warnings = [r.getMessage() for r in caplog.records if "invalid Retry-After" in r.getMessage()]
+    assert len(warnings) == 2, warnings
+    assert "a.test" in warnings[0]
+    assert "b.test" in warnings[1]
+    assert "reliability/retry_after/invalid" in warnings[0]
+
+
+def test_retry_after_longer_than_the_cap_dead_letters_as_throttled_with_its_status() -> None:
+    crawler = _crawler(RELIABILITY_RETRY_AFTER_MAX_SECONDS=60)
+    middleware = RetryMiddleware.from_crawler(crawler)
+    assert crawler.stats is not None
+    request = _frontier_request()
+    response = _answer(request, 503, [b"99999999999"])
+    assert middleware.process_response(request, response) is response
+    failure = failure_of(request)
+    assert failure is not None
+    assert (failure["status"], failure["error_class"]) == (503, "throttled")
+    assert "RELIABILITY_RETRY_AFTER_MAX_SECONDS" in failure["error"]
+    assert crawler.stats.get_value("reliability/retry_after/invalid") is None
+
+
+@pytest.mark.parametrize("retry_after", [math.nan, -1.0, -math.inf])
+def test_decide_backs_off_for_a_retry_after_that_is_no_wait(retry_after: float) -> None:
+    decision = RetryPolicy(backoff_max=8).decide(ErrorClass.THROTTLED, 1, retry_after=retry_after)
+    assert (decision.action, decision.reason) == (Action.RETRY, "backoff")
+    assert 0 <= decision.delay <= 8
+
+
+def test_decide_buries_an_infinite_retry_after_even_without_a_cap() -> None:
+    policy = RetryPolicy(retry_after_max=math.inf)
+    decision = policy.decide(ErrorClass.THROTTLED, 1, retry_after=math.inf)
+    assert (decision.action, decision.error_class) == (Action.BURY, ErrorClass.THROTTLED)
+
+
+# -- Requests that are not frontier rows: robots.txt and other engine downloads --------------
+
+
+def _robots_request() -> Request:
+    """The request Scrapy's RobotsTxtMiddleware downloads through the engine, not the
+    scheduler: it never becomes a frontier row, so it has no task id."""
+    return Request("http://a.test/robots.txt", meta={"dont_obey_robotstxt": True})
+
+
+def test_a_missing_robots_txt_is_not_a_dead_letter(caplog: pytest.LogCaptureFixture) -> None:
+    crawler = _crawler()
+    middleware = RetryMiddleware.from_crawler(crawler)
+    assert crawler.stats is not None
+    request = _robots_request()
+    response = _answer(request, 404, [])
+    assert middleware.process_response(request, response) is response
+    assert failure_of(request) is None
+    assert not [r for r in caplog.records if "Dead-lettering" in r.getMessage()]
+    stats = crawler.stats.get_stats()
+    assert not [key for key in stats if key.startswith("reliability/")], stats
+
+
+def test_requests_outside_the_frontier_keep_scrapys_retry_rules(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    crawler = _crawler(RETRY_TIMES=2)
+    middleware = RetryMiddleware.from_crawler(crawler)
+    assert crawler.stats is not None
+    request = _robots_request()
+    # A 503 with an invalid Retry-After: retried at once, RETRY_TIMES times, as Scrapy's
+    # RetryMiddleware does (the engine downloads the copy again straight away).
+    for times in (1, 2):
+        retried = middleware.process_response(request, _answer(request, 503, [b"\xb2"]))
+        assert isinstance(retried, Request)
+        assert retried.meta["retry_times"] == times
+        assert RETRY_META not in retried.meta
+        request = retried
+    last = _answer(request, 503, [b"\xb2"])
+    assert middleware.process_response(request, last) is last
+    assert failure_of(request) is None
+    # Exceptions too, by RETRY_EXCEPTIONS.
+    timed_out = middleware.process_exception(_robots_request(), TimeoutError())
+    assert isinstance(timed_out, Request)
+    assert timed_out.meta["retry_times"] == 1
+    assert middleware.process_exception(_robots_request(), IgnoreRequest()) is None
+    stats = crawler.stats.get_stats()
+    assert stats["retry/count"] == 3
+    assert stats["retry/max_reached"] == 1
+    assert not [key for key in stats if key.startswith("reliability/")], stats
+    assert not [r for r in caplog.records if "Dead-lettering" in r.getMessage()]
+
+
+def test_requests_outside_the_frontier_are_left_alone_with_retry_disabled() -> None:
+    crawler = _crawler(RETRY_ENABLED=False)
+    middleware = RetryMiddleware.from_crawler(crawler)
+    request = _robots_request()
+    response = _answer(request, 503, [])
+    assert middleware.process_response(request, response) is response
+    assert middleware.process_exception(request, TimeoutError()) is None
+
+
+# -- Property-based: any Retry-After value, parser and middleware ----------------------------
+
+_OFFSETS = st.timedeltas(
+    min_value=datetime.timedelta(hours=-23, minutes=-59),
+    max_value=datetime.timedelta(hours=23, minutes=59),
+)
+_DATES = st.datetimes(
+    min_value=datetime.datetime(1, 1, 2), max_value=datetime.datetime(9999, 12, 30)
+)
+# Strategies are built from cheap parts (no long st.text, no st.from_regex): drawing is
+# most of the time of 10,000 examples.
+_NUMBERS = st.builds(
+    # Long runs (hundreds of nines, thousands of leading zeros) with a random tail.
+    lambda sign, digit, run, tail: sign + digit * run + tail,
+    st.sampled_from(["", "", "", "-", "+", "+-", "--"]),
+    st.sampled_from("0123456789"),
+    st.sampled_from([0, 1, 2, 12, 13, 300, 400, 5000]),
+    st.integers(min_value=0, max_value=10**15).map(str),
+)
+_DATE_SHAPED = st.builds(
+    # HTTP-date-shaped values with fields out of range and odd zones.
+    "{}, {} {} {} {}:{}:{} {}".format,
+    st.sampled_from(["Mon", "Sun", "Foo", "", "Monday"]),
+    st.integers(min_value=0, max_value=999),
+    st.sampled_from(["Jan", "Dec", "Foo", "jan", "13"]),
+    st.integers(min_value=0, max_value=999_999),
+    st.integers(min_value=0, max_value=999),
+    st.integers(min_value=0, max_value=99),
+    st.integers(min_value=0, max_value=99),
+    st.sampled_from(["GMT", "UTC", "EST", "", "+2400", "-9999", "+0000", "-0000", "XYZ"]),
+)
+_TEXTS = st.one_of(
+    st.text(max_size=24),
+    st.integers(min_value=0, max_value=10**6).map(str),
+    _NUMBERS,
+    st.floats().map(repr),
+    # Digits and spaces of every script: Arabic-Indic, full-width, superscripts, ...
+    st.text(alphabet=st.characters(categories=["Nd", "No", "Zs"]), min_size=1, max_size=8),
+    # Real HTTP-dates (any year, any offset) and the obsolete asctime form.
+    st.builds(
+        lambda when, offset: email.utils.format_datetime(
+            when.replace(tzinfo=datetime.timezone(offset))
+        ),
+        _DATES,
+        _OFFSETS,
+    ),
+    _DATES.map(lambda when: when.strftime("%a %b %d %H:%M:%S %Y")),
+    _DATE_SHAPED,
+    st.sampled_from(["", " ", "NaN", "inf", "-0", "+5", "1e3", "0x10", "1_000", "5.0"]),
+)
+_PADDED = st.builds(
+    lambda before, text, after: before + text + after,
+    st.sampled_from(["", " ", "\t", "  "]),
+    _TEXTS,
+    st.sampled_from(["", " ", "\t", "\r\n"]),
+)
+#: A Retry-After header line as it reaches the middleware: bytes, of any encoding.
+HEADER_BYTES = st.one_of(
+    st.binary(max_size=64),
+    st.builds(
+        lambda text, encoding: text.encode(encoding, "replace"),
+        _PADDED,
+        st.sampled_from(["utf-8", "latin-1", "utf-16"]),
+    ),
+)
+
+
+def test_property_retry_after_parser_never_raises() -> None:
+    seen: Counter[str] = Counter()
+
+    @settings(
+        max_examples=10_000,
+        deadline=None,
+        database=None,
+        # A loaded CI machine must not turn slow drawing into a failure.
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(value=st.one_of(HEADER_BYTES, _PADDED))
+    def check(value: bytes | str) -> None:
+        parsed = parse_retry_after(value, now=NOW)
+        text = value.decode("latin-1") if isinstance(value, bytes) else value
+        stripped = text.strip(" \t\r\n")
+        if parsed.seconds is None:
+            assert isinstance(parsed.invalid, str)
+            assert parsed.invalid
+            seen["invalid"] += 1
+        else:
+            assert parsed.invalid is None
+            assert math.isfinite(parsed.seconds)
+            assert 0 <= parsed.seconds <= MAX_RETRY_AFTER_SECONDS
+            assert stripped.isascii()
+            seen["seconds" if stripped.isdigit() else "date"] += 1
+        if stripped.isascii() and stripped.isdigit():
+            digits = stripped.lstrip("0") or "0"  # int() refuses thousands of digits
+            if len(digits) <= 12 and int(digits) <= MAX_RETRY_AFTER_SECONDS:
+                assert parsed.seconds == int(digits)
+            else:
+                assert parsed.seconds is None
+
+    check()
+    print(f"parse_retry_after: {sum(seen.values())} examples, {dict(seen)}")
+    assert sum(seen.values()) >= 10_000
+    # Each outcome is exercised, not just garbage.
+    assert min(seen["invalid"], seen["seconds"], seen["date"]) >= 20, seen
+
+
+def test_property_middleware_keeps_the_status_for_any_retry_after() -> None:
+    crawler = _crawler(
+        RELIABILITY_BACKOFF_MAX_SECONDS=30,
+        RELIABILITY_RETRY_AFTER_MAX_SECONDS=600,
+        RELIABILITY_MAX_ATTEMPTS=5,
+    )
+    middleware = RetryMiddleware.from_crawler(crawler)
+    stats = crawler.stats
+    assert stats is not None
+    seen: Counter[str] = Counter()
+
+    @settings(
+        max_examples=10_000,
+        deadline=None,
+        database=None,
+        # A loaded CI machine must not turn slow drawing into a failure.
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(
+        status=st.sampled_from([429, 503]),
+        # One header line, or two (st.lists is several times slower to draw from).
+        values=st.one_of(
+            st.builds(lambda v: [v], HEADER_BYTES),
+            st.builds(lambda a, b: [a, b], HEADER_BYTES, HEADER_BYTES),
+        ),
+        attempts=st.integers(min_value=0, max_value=3),
+    )
+    def check(status: int, values: list[bytes], attempts: int) -> None:
+        request = Request("http://a.test/p/1", meta={"reliability_task_id": 1})
+        request.meta[ATTEMPTS_META] = attempts
+        response = _answer(request, status, values)
+        invalid_before = stats.get_value("reliability/retry_after/invalid", 0)
+        before = time.time()
+        result = middleware.process_response(request, response)
+        after = time.time()
+        invalid = stats.get_value("reliability/retry_after/invalid", 0) - invalid_before
+        waits = [parse_retry_after(v, now=before).seconds for v in values]
+        parsed = [w for w in waits if w is not None]
+        if isinstance(result, Request):
+            retry = result.meta[RETRY_META]
+            assert retry["status"] == status
+            assert retry["error_class"] == "throttled"
+            delay = retry["not_before"] - before
+            assert math.isfinite(delay)
+            assert -0.001 <= delay <= 600 + (after - before) + 0.001
+            if retry["pause_until"] is None:  # fell back to the backoff
+                assert delay <= 30 + (after - before) + 0.001
+                assert invalid == 1
+                assert not parsed
+                seen["backoff"] += 1
+            else:
+                assert invalid == 0
+                assert delay == pytest.approx(max(parsed), abs=(after - before) + 0.01)
+                seen["retry-after"] += 1
+        else:
+            assert result is response
+            failure = failure_of(request)
+            assert failure is not None
+            assert (failure["status"], failure["error_class"]) == (status, "throttled")
+            assert "RELIABILITY_RETRY_AFTER_MAX_SECONDS" in failure["error"]
+            assert invalid == 0
+            assert max(parsed) > 600
+            seen["too long"] += 1
+
+    check()
+    print(f"RetryMiddleware.process_response: {sum(seen.values())} examples, {dict(seen)}")
+    assert sum(seen.values()) >= 10_000
+    assert min(seen["backoff"], seen["retry-after"], seen["too long"]) >= 20, seen

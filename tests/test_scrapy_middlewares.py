@@ -83,3 +83,30 @@ def test_redirected_requests_are_not_swallowed_by_dedup(tmp_path: Path):
         redirects = [e for e in read_jsonl(site.log_path) if e["path"].startswith("/r/")]
         assert len(redirects) >= (PAGES - 1) * len(site.hosts) * 0.9
         assert "'reliability/rescheduled/redirect'" in crawl.log()
+
+
+def test_robots_txt_fetches_are_not_dead_letters(tmp_path: Path):
+    """With ROBOTSTXT_OBEY, Scrapy downloads each host's robots.txt through the engine,
+    outside the frontier; the test site answers 404 (no robots.txt, so everything is
+    allowed). That is no failure of the crawl: nothing is dead-lettered or announced
+    as dead-lettered."""
+    config = SiteConfig(pages=10)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        items = tmp_path / "items.jsonl"
+        crawl = Crawl(
+            make_project(tmp_path),
+            site.start_urls(),
+            f"JOBDIR={tmp_path / 'job'}",
+            f"ITEMS_PATH={items}",
+            "ROBOTSTXT_OBEY=True",
+        )
+        assert crawl.run() == 0, crawl.log()[-2000:]
+    log = crawl.log()
+    # Scrapy's own stats: one robots.txt per host, each answered 404.
+    assert f"'robotstxt/response_status_count/404': {len(site.hosts)}" in log
+    dead = [line for line in log.splitlines() if "Dead-lettering" in line]
+    assert dead == []
+    assert "reliability/gave_up" not in log
+    assert "reliability/dead" not in log
+    got = {(i["host"], i["page"]) for i in read_jsonl(items)}
+    assert got == {(h, i) for h in site.hosts for i in range(10)}

@@ -14,6 +14,7 @@ from scrapy_reliability.frontier.errors import (
     SchemaError,
     SchemaOutdated,
     SchemaTooNew,
+    StorageLost,
 )
 from scrapy_reliability.frontier.store import (
     Claimed,
@@ -25,6 +26,7 @@ from scrapy_reliability.frontier.store import (
     Job,
     NewRequest,
     Outcome,
+    Refusal,
     Transition,
     WriteBatch,
     WriteResult,
@@ -46,9 +48,11 @@ __all__ = [
     "LeaseLost",
     "NewRequest",
     "Outcome",
+    "Refusal",
     "SchemaError",
     "SchemaOutdated",
     "SchemaTooNew",
+    "StorageLost",
     "Transition",
     "WriteBatch",
     "WriteResult",

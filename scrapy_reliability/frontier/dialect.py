@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import quote_plus
 
 from sqlalchemy import (
     Connection,
@@ -24,7 +26,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.sql.dml import Insert
 
-from scrapy_reliability.frontier.errors import FrontierLocked, FrontierUnavailable
+from scrapy_reliability.frontier.errors import FrontierLocked, FrontierUnavailable, StorageLost
 
 try:
     import fcntl
@@ -33,38 +35,106 @@ except ImportError:  # pragma: no cover - Windows
 
 SUPPORTED = ("sqlite", "postgresql")
 
+#: Other spellings of a supported backend (``postgres://`` is Heroku's and libpq's).
+_ALIASES = {"postgres": "postgresql"}
+
+#: The synchronous drivers SQLAlchemy ships for each backend (the first is the one
+#: the frontier is tested with), and what installs each.
+_DRIVERS: dict[str, dict[str, str]] = {
+    "postgresql": {
+        "psycopg": "pip install 'scrapy-reliability[postgres]'",
+        "psycopg2": "pip install psycopg2-binary",
+        "pg8000": "pip install pg8000",
+        "psycopg2cffi": "pip install psycopg2cffi",
+    },
+    "sqlite": {
+        "pysqlite": "it comes with Python: a Python built without the sqlite3 module "
+        "needs rebuilding",
+        "pysqlcipher": "pip install sqlcipher3",
+    },
+}
+
+#: asyncio drivers: the frontier runs its SQL on threads, through synchronous ones.
+_ASYNC_DRIVERS = {"asyncpg": "psycopg", "psycopg_async": "psycopg", "aiosqlite": "pysqlite"}
+
+#: Query parameters that carry a credential, whatever the driver: libpq's password,
+#: passfile, sslpassword, sslkey and sslcert, its OAuth client secret, and any key
+#: naming a password, secret, token or key. Their values are never printed.
+_SECRET_PARAMS = frozenset({"password", "passfile", "sslpassword", "sslkey", "sslcert"})
+_SECRET_WORDS = ("pass", "pwd", "secret", "token", "key", "credential", "cert")
+
 #: Execution option marking a read-only transaction (SQLite: no write lock).
 READ_ONLY = "frontier_read_only"
 
+_EXAMPLES = "sqlite:////path/to/frontier.sqlite or postgresql+psycopg://user@host:5432/dbname"
+
 
 def parse_url(raw: str) -> URL:
-    """Parse a SQLAlchemy URL; a bare ``postgresql://`` means psycopg 3."""
+    """Parse a SQLAlchemy URL. ``postgres://`` is PostgreSQL, and a URL without a
+    driver (``postgresql://``, ``postgres://``) means psycopg 3."""
     try:
         url = make_url(raw)
     except ArgumentError as exc:
         raise FrontierUnavailable(
             f"RELIABILITY_DATABASE_URL is not a database URL ({exc}). Use a SQLAlchemy URL "
-            "such as sqlite:////path/to/frontier.sqlite or "
-            "postgresql+psycopg://user@host:5432/dbname."
+            f"such as {_EXAMPLES}."
         ) from None
-    if url.get_backend_name() not in SUPPORTED:
+    backend, _, driver = url.drivername.partition("+")
+    backend = _ALIASES.get(backend, backend)
+    if backend not in SUPPORTED:
+        guess = difflib.get_close_matches(backend, SUPPORTED, n=1, cutoff=0.6)
+        problem = f"did you mean {guess[0]!r}?" if guess else "the frontier does not support it."
         raise FrontierUnavailable(
-            f"RELIABILITY_DATABASE_URL {redact(url)} uses {url.get_backend_name()!r}; "
-            "the frontier supports sqlite and postgresql."
+            f"RELIABILITY_DATABASE_URL {redact(url)} names the database {backend!r}: "
+            f"{problem} The frontier runs on sqlite or postgresql, e.g. {_EXAMPLES}."
         )
-    if url.drivername == "postgresql":
-        url = url.set(drivername="postgresql+psycopg")
-    return url
+    if driver in _ASYNC_DRIVERS:
+        instead = _ASYNC_DRIVERS[driver]
+        raise FrontierUnavailable(
+            f"RELIABILITY_DATABASE_URL {redact(url)} names {driver!r}, an asyncio driver; the "
+            f"frontier runs its SQL on threads through a synchronous one: use "
+            f"{backend}+{instead}:// instead."
+        )
+    if backend == "postgresql" and not driver:
+        driver = "psycopg"
+    return url.set(drivername=f"{backend}+{driver}" if driver else backend)
 
 
 def redact(url: URL | str) -> str:
-    """The URL as it may be printed: never with its password."""
+    """The URL as it may be printed: its password, and every query parameter that
+    carries a credential (``?password=``, ``sslpassword``, ``passfile``, ``sslkey``,
+    tokens...), shown as ``***``."""
     if isinstance(url, str):
         try:
             url = make_url(url)
         except ArgumentError:
             return "<unparseable URL>"
-    return url.render_as_string(hide_password=True)
+    shown = url.set(query={}).render_as_string(hide_password=True)
+    params = [
+        f"{quote_plus(key)}={'***' if _is_secret(key) else quote_plus(value, safe='/:')}"
+        for key, values in url.query.items()
+        for value in ((values,) if isinstance(values, str) else values)
+    ]
+    return f"{shown}?{'&'.join(params)}" if params else shown
+
+
+def scrub(message: str, url: URL) -> str:
+    """``message`` (a driver's error) without any credential of ``url`` in it."""
+    secrets = [url.password] if isinstance(url.password, str) else []
+    for key, values in url.query.items():
+        if _is_secret(key):
+            secrets.extend((values,) if isinstance(values, str) else values)
+    # Longest first, so that a secret containing another is masked whole. Values
+    # under three characters would mask unrelated letters of the message.
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= 3:
+            message = message.replace(secret, "***")
+    return message
+
+
+def _is_secret(key: str) -> bool:
+    key = key.lower()
+    return key in _SECRET_PARAMS or any(word in key for word in _SECRET_WORDS)
 
 
 def create(url: URL, *, busy_timeout: float) -> Engine:
@@ -87,15 +157,38 @@ def create(url: URL, *, busy_timeout: float) -> Engine:
         # retry (the scheduler retries every failed write and claim) gets a new one.
         return create_engine(url, pool_size=2, max_overflow=2)
     except NoSuchModuleError:
-        raise FrontierUnavailable(
-            f"No database driver for {redact(url)}: install it, e.g. "
-            "`pip install 'scrapy-reliability[postgres]'` for PostgreSQL (psycopg 3)."
-        ) from None
-    except ModuleNotFoundError as exc:
-        raise FrontierUnavailable(
-            f"The database driver for {redact(url)} is not installed ({exc.name}): "
-            "`pip install 'scrapy-reliability[postgres]'` installs psycopg 3."
-        ) from None
+        raise FrontierUnavailable(_unknown_driver(url)) from None
+    except ImportError as exc:
+        raise FrontierUnavailable(_driver_missing(url, exc)) from None
+
+
+def _unknown_driver(url: URL) -> str:
+    backend = url.get_backend_name()
+    driver = url.get_driver_name()
+    known = list(_DRIVERS.get(backend, {}))
+    guess = difflib.get_close_matches(driver, known, n=1, cutoff=0.5)
+    hint = f"did you mean {backend}+{guess[0]}://? " if guess else ""
+    return (
+        f"RELIABILITY_DATABASE_URL {redact(url)} names the driver {driver!r}, which "
+        f"SQLAlchemy does not know for {backend}: {hint}Known drivers: {', '.join(known)}."
+    )
+
+
+def _driver_missing(url: URL, exc: ImportError) -> str:
+    backend = url.get_backend_name()
+    driver = url.get_driver_name()
+    drivers = _DRIVERS.get(backend, {})
+    install = drivers.get(driver, f"install the {driver} package")
+    # On PostgreSQL the frontier is tested with psycopg 3: name it as the alternative.
+    instead = (
+        ", or use postgresql+psycopg:// (psycopg 3: pip install 'scrapy-reliability[postgres]')"
+        if backend == "postgresql" and driver != "psycopg"
+        else ""
+    )
+    return (
+        f"RELIABILITY_DATABASE_URL {redact(url)} uses the driver {driver!r}, which is not "
+        f"installed (no module {exc.name or str(exc)!r}): {install}{instead}."
+    )
 
 
 def _make_parent(path: Path) -> None:
@@ -109,6 +202,26 @@ def _make_parent(path: Path) -> None:
 
 
 def _configure_sqlite(engine: Engine) -> None:
+    path = sqlite_path(engine)
+    # An engine made for a file that exists, or that has connected once, never
+    # creates it again.
+    opened: list[bool] = [True] if path is not None and os.path.exists(path) else []
+
+    @event.listens_for(engine, "do_connect")
+    def _never_recreate(*_args: Any) -> None:
+        # SQLite creates a missing file on connect. Once an engine has opened the
+        # frontier, a missing file means it was deleted mid-job: re-creating it
+        # empty would silently start the job again from scratch.
+        if path is None:
+            return
+        if opened and not os.path.exists(path):
+            raise StorageLost(
+                f"The SQLite frontier {path} was deleted while the crawl ran; stopping "
+                "rather than starting the job again in a new empty file. Restore the file "
+                "(or start a new job) and run the same command again."
+            )
+        opened.append(True)
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take transaction control from pysqlite; we emit BEGIN ourselves.
@@ -124,6 +237,17 @@ def _configure_sqlite(engine: Engine) -> None:
         # Writers take the write lock up front; readers (READ_ONLY) do not.
         read_only = conn.get_execution_options().get(READ_ONLY, False)
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def sqlite_path(engine: Engine) -> str | None:
+    """The absolute path of a SQLite frontier's file; None for other databases
+    and for in-memory or URI databases."""
+    if not is_sqlite(engine):
+        return None
+    database = engine.url.database or ""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return os.path.abspath(database)
 
 
 def is_sqlite(engine: Engine) -> bool:

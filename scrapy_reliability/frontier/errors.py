@@ -53,6 +53,11 @@ class FrontierUnavailable(FrontierError):
     """The database cannot be reached or opened."""
 
 
+class StorageLost(FrontierUnavailable):
+    """The frontier's storage went away mid-job (its SQLite file deleted or
+    replaced); the crawl stops rather than starting over in a new file."""
+
+
 class FrontierLocked(FrontierError):
     """Another process holds the SQLite frontier."""
 

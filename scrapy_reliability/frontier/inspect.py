@@ -48,6 +48,9 @@ class JobInfo:
     created_at: float
     finished_at: float | None
     dedup_scheme: str
+    #: The per-domain limits the job's crawl runs with (stored by its last starting
+    #: worker); None for a job started before they were stored.
+    limits: Politeness | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class JobStatus:
     workers: list[WorkerInfo]
     #: Leased rows whose lease already expired (their worker died or hung).
     expired_leases: int
+    #: Per domain, from the same snapshot as ``counts``.
+    domains: list[DomainInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -174,8 +179,16 @@ class Probe:
 
 @contextlib.contextmanager
 def reading(engine: Engine) -> Iterator[Connection]:
-    """A read-only transaction (on SQLite it takes no write lock)."""
-    with engine.connect().execution_options(**{dialect.READ_ONLY: True}) as conn:
+    """A read-only transaction whose statements all see one snapshot of the
+    database, so that the figures of one report agree with each other. SQLite in
+    WAL mode keeps the snapshot of a transaction's first read (and takes no write
+    lock); PostgreSQL needs REPEATABLE READ for that (its default, READ COMMITTED,
+    takes a new snapshot per statement), and a read-only one never fails to
+    serialize."""
+    options: dict[str, Any] = {dialect.READ_ONLY: True}
+    if not dialect.is_sqlite(engine):
+        options.update(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+    with engine.connect().execution_options(**options) as conn:
         try:
             yield conn
         finally:
@@ -202,6 +215,12 @@ class Inspector:
             ).first()
         if row is None:
             return None
+        limits = None
+        if row.limits:
+            try:
+                limits = Politeness.from_json(row.limits)
+            except ValueError:
+                limits = None  # unreadable: the command's own settings stand in
         return JobInfo(
             row.id,
             row.name,
@@ -210,14 +229,18 @@ class Inspector:
             row.created_at,
             row.finished_at,
             row.dedup_scheme,
+            limits,
         )
 
     # -- status -------------------------------------------------------------------------------
 
     def status(self, job: JobInfo, *, now: float | None = None) -> JobStatus:
+        """Every figure of ``scrapy frontier status``, read in one snapshot: the state
+        table, the domain rows and the workers' leases add up."""
         now = time.time() if now is None else now
         with reading(self.engine) as conn:
             counts = _state_counts(conn, job.id)
+            per_domain = _domains(conn, job.id, only=())
             oldest = conn.execute(
                 select(requests.c.id, requests.c.url, requests.c.created_at, requests.c.not_before)
                 .where(requests.c.job_id == job.id, requests.c.state == PENDING)
@@ -259,6 +282,7 @@ class Inspector:
             last_dead_at=None if last_dead_at is None else float(last_dead_at),
             workers=live,
             expired_leases=int(expired),
+            domains=per_domain,
         )
 
     @staticmethod
@@ -312,48 +336,7 @@ class Inspector:
     def domains(self, job_id: int, *, only: Sequence[str] = ()) -> list[DomainInfo]:
         """Per domain: rows by state, pause, adaptive rate, Crawl-delay, token bucket."""
         with reading(self.engine) as conn:
-            counts_q = (
-                select(requests.c.domain, requests.c.state, func.count().label("n"))
-                .where(requests.c.job_id == job_id)
-                .group_by(requests.c.domain, requests.c.state)
-            )
-            due_q = (
-                select(requests.c.domain, func.min(requests.c.not_before).label("due"))
-                .where(requests.c.job_id == job_id, requests.c.state == PENDING)
-                .group_by(requests.c.domain)
-            )
-            state_q = select(domains).where(domains.c.job_id == job_id)
-            if only:
-                counts_q = counts_q.where(requests.c.domain.in_(list(only)))
-                due_q = due_q.where(requests.c.domain.in_(list(only)))
-                state_q = state_q.where(domains.c.domain.in_(list(only)))
-            counts: dict[str, dict[str, int]] = {}
-            for row in conn.execute(counts_q):
-                counts.setdefault(row.domain, {})[row.state] = int(row.n)
-            due = {row.domain: float(row.due) for row in conn.execute(due_q)}
-            states = {row.domain: row for row in conn.execute(state_q)}
-        found = []
-        for name in sorted(set(counts) | set(states)):
-            by_state = {s: counts.get(name, {}).get(s, 0) for s in STATES}
-            st = states.get(name)
-            if st is None:
-                found.append(DomainInfo(name, by_state, next_due=due.get(name)))
-                continue
-            found.append(
-                DomainInfo(
-                    name,
-                    by_state,
-                    paused_until=float(st.paused_until),
-                    pause_reason=st.pause_reason,
-                    crawl_delay=st.crawl_delay,
-                    rate_factor=float(st.rate_factor),
-                    tat=float(st.tat),
-                    created_at=float(st.created_at),
-                    next_due=due.get(name),
-                    known=True,
-                )
-            )
-        return found
+            return _domains(conn, job_id, only=only)
 
     # -- explain ------------------------------------------------------------------------------
 
@@ -712,3 +695,48 @@ def _request_info(row: Any) -> RequestInfo:
         created_at=float(row.created_at),
         updated_at=float(row.updated_at),
     )
+
+
+def _domains(conn: Connection, job_id: int, *, only: Sequence[str]) -> list[DomainInfo]:
+    counts_q = (
+        select(requests.c.domain, requests.c.state, func.count().label("n"))
+        .where(requests.c.job_id == job_id)
+        .group_by(requests.c.domain, requests.c.state)
+    )
+    due_q = (
+        select(requests.c.domain, func.min(requests.c.not_before).label("due"))
+        .where(requests.c.job_id == job_id, requests.c.state == PENDING)
+        .group_by(requests.c.domain)
+    )
+    state_q = select(domains).where(domains.c.job_id == job_id)
+    if only:
+        counts_q = counts_q.where(requests.c.domain.in_(list(only)))
+        due_q = due_q.where(requests.c.domain.in_(list(only)))
+        state_q = state_q.where(domains.c.domain.in_(list(only)))
+    counts: dict[str, dict[str, int]] = {}
+    for row in conn.execute(counts_q):
+        counts.setdefault(row.domain, {})[row.state] = int(row.n)
+    due = {row.domain: float(row.due) for row in conn.execute(due_q)}
+    states = {row.domain: row for row in conn.execute(state_q)}
+    found = []
+    for name in sorted(set(counts) | set(states)):
+        by_state = {s: counts.get(name, {}).get(s, 0) for s in STATES}
+        st = states.get(name)
+        if st is None:
+            found.append(DomainInfo(name, by_state, next_due=due.get(name)))
+            continue
+        found.append(
+            DomainInfo(
+                name,
+                by_state,
+                paused_until=float(st.paused_until),
+                pause_reason=st.pause_reason,
+                crawl_delay=st.crawl_delay,
+                rate_factor=float(st.rate_factor),
+                tat=float(st.tat),
+                created_at=float(st.created_at),
+                next_due=due.get(name),
+                known=True,
+            )
+        )
+    return found

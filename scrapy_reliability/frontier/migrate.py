@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
+from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.dialect import migration_lock, redact
 from scrapy_reliability.frontier.errors import (
     FrontierError,
@@ -79,17 +83,73 @@ def _known_revisions() -> set[str]:
     return {rev.revision for rev in ScriptDirectory.from_config(_config()).walk_revisions()}
 
 
-def unavailable(url: object, exc: OperationalError) -> FrontierError:
-    """A clear error for a database that cannot be reached or is locked."""
-    message = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+#: How libpq words each cause of a failed connection (it gives no SQLSTATE for them).
+_UNREACHABLE = (
+    "connection refused",
+    "could not connect",
+    "could not translate host name",
+    "failed to resolve host",
+    "name or service not known",
+    "no route to host",
+    "network is unreachable",
+    "timeout expired",
+    "connection timed out",
+)
+_LOGIN_REFUSED = (
+    "password authentication failed",
+    "authentication failed",
+    "no password supplied",
+    "no pg_hba.conf entry",
+)
+_ROLE_MISSING = re.compile(r'role "(?P<name>[^"]*)" does not exist')
+_DATABASE_MISSING = re.compile(r'database "(?P<name>[^"]*)" does not exist')
+
+
+def unavailable(url: URL, exc: OperationalError) -> FrontierError:
+    """A clear error, naming the cause and what to do, for a database that cannot
+    be opened: locked (SQLite), or on PostgreSQL a server that cannot be reached,
+    a refused login, a missing database."""
+    full = dialect.scrub(str(exc.orig).strip() if exc.orig else str(exc), url)
+    message = full.splitlines()[0] if full else type(exc.orig or exc).__name__
+    shown = redact(url)
     if "database is locked" in message:
         return FrontierLocked(
-            f"The SQLite frontier {redact(str(url))} stayed locked by another "
-            "process past RELIABILITY_SQLITE_BUSY_TIMEOUT; stop the other process, or use "
-            "PostgreSQL for several workers."
+            f"The SQLite frontier {shown} stayed locked by another process past "
+            "RELIABILITY_SQLITE_BUSY_TIMEOUT; stop the other process, or use PostgreSQL "
+            "for several workers."
+        )
+    if url.get_backend_name() == "postgresql":
+        # libpq: "connection to server at "h", port p failed: FATAL:  <the server's reason>"
+        reason = message.rsplit("FATAL:", 1)[-1].rsplit(" failed: ", 1)[-1].strip()
+        server = f"The PostgreSQL server at {url.host or 'localhost'}:{url.port or 5432}"
+        lower = full.lower()
+        database = _DATABASE_MISSING.search(full)
+        if database:
+            name = database["name"]
+            return FrontierUnavailable(
+                f"{server} has no database {name!r}: create it (createdb {name}, or CREATE "
+                f"DATABASE {name}) or fix the database name in RELIABILITY_DATABASE_URL "
+                f"{shown}."
+            )
+        if _ROLE_MISSING.search(full) or any(s in lower for s in _LOGIN_REFUSED):
+            return FrontierUnavailable(
+                f"{server} refused the login of user {url.username or '(none)'!r} ({reason}): "
+                f"fix the user name or password in RELIABILITY_DATABASE_URL {shown}, or "
+                "create that role on the server."
+            )
+        if any(s in lower for s in _UNREACHABLE):
+            return FrontierUnavailable(
+                f"{server} cannot be reached ({reason}): start it, or fix the host and port "
+                f"in RELIABILITY_DATABASE_URL {shown}."
+            )
+    if url.get_backend_name() == "sqlite":
+        return FrontierUnavailable(
+            f"Cannot open the SQLite frontier {shown}: {message}. Check that its disk has "
+            "free space and that the file and its directory are writable (or point JOBDIR "
+            "or RELIABILITY_DATABASE_URL elsewhere)."
         )
     return FrontierUnavailable(
-        f"Cannot open the frontier database {redact(str(url))}: {message}. Check "
+        f"Cannot open the frontier database {shown}: {message}. Check "
         "RELIABILITY_DATABASE_URL (host, port, database name, credentials) and that the "
         "server is running."
     )

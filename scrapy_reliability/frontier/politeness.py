@@ -13,9 +13,11 @@ start at ``now`` when ``now >= tat - (b - 1) * T``; starting it moves ``tat`` to
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,41 @@ class Politeness:
             if found is not None:
                 return found
         return self.default
+
+    def to_json(self) -> str:
+        """The limits as JSON, stored with the job so that inspection commands
+        report what the crawl runs with (see :meth:`from_json`)."""
+        return json.dumps(
+            {
+                "default": asdict(self.default),
+                "overrides": {k: asdict(v) for k, v in self.overrides.items()},
+                "jitter": self.jitter,
+                "min_factor": self.min_factor,
+                "slow_start": self.slow_start,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, raw: str) -> Politeness:
+        """Limits stored by :meth:`to_json`; ValueError when ``raw`` is not that."""
+        try:
+            data = json.loads(raw)
+
+            def limits(d: Any) -> DomainLimits:
+                return DomainLimits(
+                    rate=float(d["rate"]), burst=int(d["burst"]), concurrency=int(d["concurrency"])
+                )
+
+            return cls(
+                default=limits(data["default"]),
+                overrides={str(k): limits(v) for k, v in dict(data["overrides"]).items()},
+                jitter=float(data["jitter"]),
+                min_factor=float(data["min_factor"]),
+                slow_start=float(data["slow_start"]),
+            )
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise ValueError(f"stored limits are malformed: {exc}") from None
 
     @property
     def limits_anything(self) -> bool:

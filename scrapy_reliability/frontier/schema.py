@@ -61,6 +61,8 @@ jobs = Table(
     Column("dedup_scheme", String(255), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("finished_at", Float, nullable=True),
+    # JSON: the per-domain limits the crawl runs with (set by each starting worker).
+    Column("limits", Text, nullable=True),
     UniqueConstraint("name", "generation"),
     CheckConstraint("state IN ('running', 'finished')", name="state"),
 )
@@ -75,6 +77,8 @@ workers = Table(
     Column("started_at", Float, nullable=False),
     Column("heartbeat_at", Float, nullable=False),
     Column("stopped_at", Float, nullable=True),
+    # JSON list: the callback names this worker's spider has (mixed spider versions).
+    Column("callbacks", Text, nullable=True),
     Index("ix_reliability_workers_job_live", "job_id", "stopped_at"),
 )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import os
 import random
 import secrets
 import threading
@@ -36,7 +37,12 @@ from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
 from scrapy_reliability._executor import WouldWait
 from scrapy_reliability.frontier import dialect, migrate
-from scrapy_reliability.frontier.errors import JobFinished, JobMismatch, LeaseLost
+from scrapy_reliability.frontier.errors import (
+    JobFinished,
+    JobMismatch,
+    LeaseLost,
+    StorageLost,
+)
 from scrapy_reliability.frontier.politeness import DomainState, Politeness
 from scrapy_reliability.frontier.schema import (
     DEAD,
@@ -55,6 +61,41 @@ from scrapy_reliability.frontier.schema import (
 )
 
 SQLAlchemyError = _SQLAlchemyError
+
+#: Error classes of requests that were never answered by a server: the request
+#: could not be stored (refused), its stored form could not be rebuilt (corrupt),
+#: or no worker's spider had its callback (incompatible). A run that ends with any
+#: is not complete (see ``Frontier.unprocessed``).
+UNPROCESSED_CLASSES = ("refused", "corrupt", "incompatible")
+
+
+def storable_text(value: str, limit: int = 4000) -> str:
+    """``value`` as text every backend stores: NUL characters (refused by
+    PostgreSQL) and lone surrogates (refused by UTF-8 encoders) escaped, cut at
+    ``limit`` characters. For messages and URLs kept on the record."""
+    if value.isascii() and "\x00" not in value:
+        return value[:limit]
+    cleaned = value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return cleaned[:limit]
+
+
+def is_storage_failure(exc: BaseException) -> bool:
+    """Whether a failed statement says the database itself is unusable (server
+    gone, disk full, file lost, read-only, locked), as opposed to refusing one
+    of the values written. The first is waited out, up to a limit; the second
+    is isolated to the row that carries the value."""
+    if isinstance(exc, (StorageLost, OSError)):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, OperationalError):
+        return True
+    message = str(getattr(exc, "orig", None) or exc).lower()
+    return any(
+        marker in message
+        for marker in ("no such table", "does not exist", "readonly", "read-only", "closed")
+    )
+
 
 # The adaptive rate never falls below this fraction of the configured rate.
 _MIN_RATE_FACTOR = 0.05
@@ -152,6 +193,23 @@ class DeadItem:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A request that cannot be stored or processed as it is, kept on the record:
+    a dead row of its own (error class ``refused``) with a dead letter, holding
+    only what can be stored (``payload`` without the offending values), so that
+    ``status``, ``dead`` and ``explain`` show it and a retry pass can replay it.
+    The caller makes every field storable (see ``serialization.storable``)."""
+
+    fingerprint: str
+    url: str
+    domain: str
+    priority: int
+    payload: str
+    reason: str
+    error_class: str = "refused"
+
+
+@dataclass(frozen=True)
 class DomainUpdate:
     """robots.txt told this domain's Crawl-delay (None: it has none)."""
 
@@ -164,6 +222,7 @@ class WriteBatch:
     inserts: list[NewRequest] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
     dead_items: list[DeadItem] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
     domain_updates: list[DomainUpdate] = field(default_factory=list)
     #: Successes per slowed-down domain: their adaptive rate recovers a little.
     recoveries: dict[str, int] = field(default_factory=dict)
@@ -175,6 +234,7 @@ class WriteBatch:
             self.inserts
             or self.transitions
             or self.dead_items
+            or self.refusals
             or self.domain_updates
             or self.recoveries
         )
@@ -468,9 +528,42 @@ class Frontier:
         event.listen(engine, "before_cursor_execute", self._count_round_trip)
         for name in ("begin", "commit", "rollback"):
             event.listen(engine, name, self._count_round_trip)
+        # SQLite: the file this frontier opened, by identity. A file deleted or
+        # replaced mid-job must stop the crawl, never be re-created empty by the
+        # next new connection (the job would silently start again from scratch).
+        self._sqlite_file: tuple[str, int, int] | None = None
+        # (dialect.create's engines refuse to connect to a file that vanished.)
+        path = dialect.sqlite_path(engine)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                self._sqlite_file = (path, st.st_dev, st.st_ino)
 
     def _count_round_trip(self, *_args: Any) -> None:
         self.round_trips += 1
+
+    def check_storage(self) -> None:
+        """Raise :class:`StorageLost` when the SQLite file this frontier opened was
+        deleted or replaced (another file now has its name). No-op elsewhere."""
+        if self._sqlite_file is None:
+            return
+        path, dev, ino = self._sqlite_file
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise StorageLost(
+                f"The SQLite frontier {path} was deleted while the crawl ran; stopping "
+                "rather than starting the job again in a new empty file. Restore the file "
+                "(or start a new job) and run the same command again."
+            ) from None
+        except OSError as exc:
+            raise StorageLost(f"The SQLite frontier {path} cannot be read: {exc}.") from None
+        if (st.st_dev, st.st_ino) != (dev, ino):
+            raise StorageLost(
+                f"The SQLite frontier {path} was replaced by another file while the crawl "
+                "ran; stopping. Put the original back (or start a new job) and run the "
+                "same command again."
+            )
 
     def _connection(self) -> Connection:
         """This thread's connection for the hot transactions (write, claim,
@@ -682,8 +775,17 @@ class Frontier:
             return True
 
     def register_worker(
-        self, job_id: int, worker_id: str, hostname: str, pid: int, *, now: float | None = None
+        self,
+        job_id: int,
+        worker_id: str,
+        hostname: str,
+        pid: int,
+        *,
+        callbacks: Sequence[str] = (),
+        now: float | None = None,
     ) -> None:
+        """Register a worker and the callback names its spider has (mixed spider
+        versions: see :meth:`live_callbacks`)."""
         now = time.time() if now is None else now
         with self.engine.begin() as conn:
             conn.execute(
@@ -694,8 +796,62 @@ class Frontier:
                     pid=pid,
                     started_at=now,
                     heartbeat_at=now,
+                    callbacks=json.dumps(sorted(callbacks)),
                 )
             )
+
+    def live_callbacks(
+        self, job_id: int, *, me: str, alive_within: float, now: float | None = None
+    ) -> dict[str, frozenset[str]]:
+        """The callback names of each other live worker of the job (not stopped,
+        heartbeat within ``alive_within`` seconds), by worker id. A worker whose
+        row is unreadable counts as having none."""
+        now = time.time() if now is None else now
+        with self._reading() as conn:
+            rows = conn.execute(
+                select(workers.c.id, workers.c.callbacks).where(
+                    workers.c.job_id == job_id,
+                    workers.c.stopped_at.is_(None),
+                    workers.c.id != me,
+                    workers.c.heartbeat_at >= now - alive_within,
+                )
+            ).all()
+        found: dict[str, frozenset[str]] = {}
+        for worker_id, raw in rows:
+            try:
+                names = json.loads(raw) if raw else []
+                found[worker_id] = frozenset(str(n) for n in names if isinstance(n, str))
+            except ValueError:
+                found[worker_id] = frozenset()
+        return found
+
+    def unprocessed(self, job_id: int) -> dict[str, int]:
+        """What keeps a run from being complete, read in one snapshot: rows still
+        pending or leased, and dead rows of the classes that are not an answer
+        from a server (refused, corrupt, incompatible)."""
+        with self._reading() as conn:
+            states = conn.execute(
+                select(requests.c.state, func.count())
+                .where(requests.c.job_id == job_id, requests.c.state.in_([PENDING, LEASED]))
+                .group_by(requests.c.state)
+            ).all()
+            classes = conn.execute(
+                select(requests.c.error_class, func.count())
+                .where(
+                    requests.c.job_id == job_id,
+                    requests.c.state == DEAD,
+                    requests.c.error_class.in_(list(UNPROCESSED_CLASSES)),
+                )
+                .group_by(requests.c.error_class)
+            ).all()
+        found = {str(k): int(v) for k, v in states}
+        found.update({str(k): int(v) for k, v in classes})
+        return found
+
+    def record_limits(self, job_id: int, limits: str) -> None:
+        """Store the per-domain limits (JSON) a starting worker of the job runs with."""
+        with self.engine.begin() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(limits=limits))
 
     def stop_worker(self, worker_id: str, *, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -766,6 +922,8 @@ class Frontier:
             inserted = self._insert_requests(conn, job_id, batch.inserts, now)
             if batch.dead_items:
                 self._insert_dead_items(conn, job_id, batch.dead_items, now)
+            if batch.refusals:
+                self._record_refusals(conn, job_id, batch.refusals, now)
             settled, lost = self._apply_transitions(conn, batch.transitions, now, job_id)
             if batch.domain_updates or batch.recoveries:
                 self._update_domains(conn, job_id, batch, now)
@@ -798,7 +956,7 @@ class Frontier:
                     "domain": it.domain,
                     "error_class": "permanent",
                     "last_status": None,
-                    "last_error": it.error[:4000],
+                    "last_error": storable_text(it.error),
                     "attempts": 1,
                     "payload": None,
                     "item": it.item,
@@ -809,6 +967,53 @@ class Frontier:
                 for it in items
             ],
         )
+
+    def _record_refusals(
+        self, conn: Connection, job_id: int, refusals: Sequence[Refusal], now: float
+    ) -> None:
+        """Each refused request as a dead row with its dead letter; a key already
+        known (the request was stored before) keeps its row."""
+        for ref in refusals:
+            request_id = conn.execute(
+                dialect.insert_ignore(requests, self.engine)
+                .values(
+                    job_id=job_id,
+                    fingerprint=ref.fingerprint,
+                    state=DEAD,
+                    priority=ref.priority,
+                    domain=ref.domain,
+                    url=ref.url,
+                    payload=ref.payload,
+                    not_before=0.0,
+                    attempts=0,
+                    last_error=storable_text(ref.reason),
+                    error_class=ref.error_class,
+                    first_failed_at=now,
+                    created_at=now,
+                    updated_at=now,
+                )
+                .returning(requests.c.id)
+            ).scalar()
+            if request_id is None:
+                continue
+            conn.execute(
+                dead_letters.insert().values(
+                    job_id=job_id,
+                    request_id=request_id,
+                    kind="request",
+                    url=ref.url,
+                    domain=ref.domain,
+                    error_class=ref.error_class,
+                    last_status=None,
+                    last_error=storable_text(ref.reason),
+                    attempts=0,
+                    payload=ref.payload,
+                    item=None,
+                    first_failed_at=now,
+                    last_failed_at=now,
+                    passes=0,
+                )
+            )
 
     def add(self, job_id: int, rows: Sequence[NewRequest]) -> frozenset[str]:
         return self.write(job_id, WriteBatch(inserts=list(rows))).inserted
@@ -861,7 +1066,7 @@ class Frontier:
             if tr.status is not None:
                 values["last_status"] = tr.status
             if tr.error is not None:
-                values["last_error"] = tr.error[:4000]
+                values["last_error"] = storable_text(tr.error)
             if tr.error_class is not None:
                 values["error_class"] = tr.error_class
                 values["first_failed_at"] = func.coalesce(requests.c.first_failed_at, now)
@@ -936,21 +1141,47 @@ class Frontier:
             )
 
     def _write_dead_letter(self, conn: Connection, tr: Transition, now: float) -> None:
+        """The request's dead letter, from its row: refreshed when it has one (a
+        request buried again by a retry pass keeps its first failure and passes),
+        inserted otherwise.
+
+        Not ``INSERT ... ON CONFLICT (request_id) WHERE kind = ...``: with the
+        predicate as a bound parameter, PostgreSQL cannot match the partial unique
+        index once the driver prepares the statement (from its 5th-11th run).
+        The burial holds the row's lease, so no other transaction writes this
+        dead letter meanwhile."""
+        row = requests.c
+        refreshed = conn.execute(
+            update(dead_letters)
+            .where(dead_letters.c.request_id == tr.task_id, dead_letters.c.kind == "request")
+            .values(
+                error_class=tr.error_class or "permanent",
+                last_status=select(row.last_status).where(row.id == tr.task_id).scalar_subquery(),
+                last_error=select(func.coalesce(row.last_error, ""))
+                .where(row.id == tr.task_id)
+                .scalar_subquery(),
+                attempts=select(row.attempts).where(row.id == tr.task_id).scalar_subquery(),
+                payload=select(row.payload).where(row.id == tr.task_id).scalar_subquery(),
+                last_failed_at=now,
+            )
+        ).rowcount
+        if refreshed:
+            return
         source = select(
-            requests.c.job_id,
-            requests.c.id,
+            row.job_id,
+            row.id,
             literal("request"),
-            requests.c.url,
-            requests.c.domain,
+            row.url,
+            row.domain,
             literal(tr.error_class or "permanent"),
-            requests.c.last_status,
-            func.coalesce(requests.c.last_error, ""),
-            requests.c.attempts,
-            requests.c.payload,
-            func.coalesce(requests.c.first_failed_at, now),
+            row.last_status,
+            func.coalesce(row.last_error, ""),
+            row.attempts,
+            row.payload,
+            func.coalesce(row.first_failed_at, now),
             literal(now),
             literal(0),
-        ).where(requests.c.id == tr.task_id)
+        ).where(row.id == tr.task_id)
         columns = [
             "job_id",
             "request_id",
@@ -966,7 +1197,7 @@ class Frontier:
             "last_failed_at",
             "passes",
         ]
-        conn.execute(dialect.upsert_dead_letter(dead_letters, self.engine, columns, source))
+        conn.execute(dead_letters.insert().from_select(columns, source))
 
     # -- the claim path ---------------------------------------------------------------------
 

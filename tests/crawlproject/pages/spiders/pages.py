@@ -7,12 +7,30 @@ from typing import Any
 
 import scrapy
 
+#: Path and query of each poison request (see ``poison_requests``), by name.
+POISON_PATHS = {
+    "long_hostname": None,
+    "huge_priority": "/p/990001",
+    "negative_priority": "/p/990002",
+    "nan_meta": "/p/990003",
+    "infinite_meta": "/p/990004",
+    "surrogate_meta": "/p/990005",
+    "object_meta": "/p/990006",
+    "huge_url": "/p/990007",
+    "bytes_key_meta": "/p/990008",
+}
+
 
 class PagesSpider(scrapy.Spider):
     name = "pages"
 
     def __init__(
-        self, start: str = "", bad_meta_page: str = "", via_redirect: str = "", **kwargs: Any
+        self,
+        start: str = "",
+        bad_meta_page: str = "",
+        via_redirect: str = "",
+        poison: str = "",
+        **kwargs: Any,
     ):
         super().__init__(**kwargs)
         # Follow same-host links through the site's /r/ redirector.
@@ -20,16 +38,42 @@ class PagesSpider(scrapy.Spider):
         self.start_urls = [u for u in start.split(",") if u]
         # A page whose links get a meta value that cannot be stored (a test of refusal).
         self.bad_meta_page = int(bad_meta_page) if bad_meta_page else None
+        # Index pages also yield requests no backend can store as they are.
+        self.poison = bool(poison)
 
     def parse(self, response: scrapy.http.Response) -> Iterator[Any]:
+        yield from self.parse_page(response)
+
+    # Links are followed with this callback: a test renames it in a copy of the
+    # project to play a second version of the spider.
+    def parse_page(self, response: scrapy.http.Response) -> Iterator[Any]:
         h1 = response.css("h1#page")
         if h1:
             page = int(h1.attrib["data-page"])
             yield {"host": h1.attrib["data-host"], "page": page, "url": response.url}
             if page == self.bad_meta_page:
                 yield response.follow(
-                    "/p/999999", callback=self.parse, meta={"unstorable": object()}
+                    "/p/999999", callback=self.parse_page, meta={"unstorable": object()}
                 )
+        elif self.poison:
+            yield from self.poison_requests(response)
         for href in response.css("a::attr(href)").getall():
             via = "/r" if self.via_redirect and href.startswith("/p/") else ""
-            yield response.follow(via + href, callback=self.parse)
+            yield response.follow(via + href, callback=self.parse_page)
+
+    def poison_requests(self, response: scrapy.http.Response) -> Iterator[scrapy.Request]:
+        """Requests one backend or the other cannot store as they are."""
+        port = response.url.split(":")[2].split("/")[0]
+        label = "a" * 60
+        host = ".".join([label] * 5)  # 304 characters: longer than any hostname
+        yield scrapy.Request(f"http://{host}:{port}/p/990000", callback=self.parse_page)
+        p = POISON_PATHS
+        follow = response.follow
+        yield follow(p["huge_priority"], callback=self.parse_page, priority=2**40)
+        yield follow(p["negative_priority"], callback=self.parse_page, priority=-(2**40))
+        yield follow(p["nan_meta"], callback=self.parse_page, meta={"x": float("nan")})
+        yield follow(p["infinite_meta"], callback=self.parse_page, meta={"x": float("inf")})
+        yield follow(p["surrogate_meta"], callback=self.parse_page, meta={"s": "a\ud800b"})
+        yield follow(p["object_meta"], callback=self.parse_page, meta={"o": object()})
+        yield follow(p["huge_url"] + "?q=" + "x" * 70_000, callback=self.parse_page)
+        yield follow(p["bytes_key_meta"], callback=self.parse_page, meta={"k": {b"\xff": 1}})

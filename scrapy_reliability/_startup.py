@@ -1,0 +1,129 @@
+"""A crawl that cannot start says why in one ERROR line and exits with status 1.
+
+What can stop a crawl before its first request is checked by the add-on, from
+``update_settings``, before Scrapy builds its engine: every setting value, and
+the frontier database (its URL, driver, server, login, database name, schema,
+the SQLite file's lock). The same error raised later, from the scheduler's
+``open``, comes with Scrapy's secondary tracebacks: the engine then closes a
+scraper and stats that never opened. Raised here, it ends the crawl before
+anything started; Scrapy counts the start as failed (``scrapy crawl`` exits with
+status 1), and a script that runs the crawl gets the exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from scrapy_reliability import _jobs
+from scrapy_reliability.config import Config, SettingError
+from scrapy_reliability.frontier import dialect
+from scrapy_reliability.frontier.errors import FrontierError, FrontierUnavailable
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def reported(crawler: Crawler | None) -> Iterator[None]:
+    """Log a startup error raised in the block as one ERROR line (no traceback),
+    then let it end the crawl."""
+    try:
+        yield
+    except (SettingError, FrontierError) as exc:
+        what = "the frontier" if isinstance(exc, FrontierError) else "the crawl"
+        logger.error(
+            "Cannot start %(what)s: %(error)s",
+            {"what": what, "error": exc},
+            extra={"crawler": crawler},
+        )
+        _keep_from_reprinting(exc)
+        raise
+
+
+def check_settings(settings: BaseSettings) -> Config:
+    """Every setting parsed and checked now (:class:`SettingError` names the bad one)."""
+    from scrapy_reliability.middlewares import BanDetector
+    from scrapy_reliability.retry import RetryPolicy
+
+    config = Config.from_settings(settings)
+    RetryPolicy.from_settings(settings)
+    BanDetector.from_settings(settings)
+    return config
+
+
+def check_frontier(crawler: Crawler | None, settings: BaseSettings, config: Config) -> None:
+    """Open the crawl's frontier once and close it: the URL parses, its driver is
+    installed, the server answers, the login and database exist, the schema is
+    this release's (or upgraded, with RELIABILITY_AUTO_MIGRATE), and no other
+    process holds the SQLite file. The scheduler opens it again to crawl."""
+    spider = getattr(crawler, "spider", None)
+    if spider is None or not _frontier_schedules(settings):
+        return
+    from scrapy_reliability.frontier import Frontier
+
+    url = _jobs.database_url(config, settings, spider.name)
+    try:
+        Frontier.connect(
+            url, auto_migrate=config.auto_migrate, busy_timeout=config.sqlite_busy_timeout
+        ).close()
+    except SQLAlchemyError as exc:  # e.g. a role without the right to create tables
+        parsed = dialect.parse_url(url)
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        raise FrontierUnavailable(
+            f"The frontier database {dialect.redact(parsed)} failed: "
+            f"{dialect.scrub(first[0] if first else type(exc).__name__, parsed)}. Check "
+            "RELIABILITY_DATABASE_URL and the privileges of its user."
+        ) from None
+
+
+def _frontier_schedules(settings: BaseSettings) -> bool:
+    """Whether this crawl's scheduler is the frontier (a project may keep its own)."""
+    from scrapy.utils.misc import load_object
+
+    from scrapy_reliability.scheduler import Scheduler
+
+    try:
+        scheduler = load_object(settings["SCHEDULER"])
+    except (ImportError, ValueError, NameError, AttributeError):
+        return False  # Scrapy reports a SCHEDULER it cannot load, in its own words
+    return isinstance(scheduler, type) and issubclass(scheduler, Scheduler)
+
+
+def _keep_from_reprinting(exc: BaseException) -> None:
+    """Scrapy lets the exception that ended a crawl's start reach the event loop,
+    which prints it again with its traceback: asyncio as "Task exception was never
+    retrieved" (AsyncCrawlerProcess, Scrapy's default), Twisted as "Unhandled error
+    in Deferred" (CrawlerProcess). The error was just reported in one line; drop
+    those reports of this very exception object, and no other."""
+    with contextlib.suppress(RuntimeError):  # no running loop: nothing to quiet there
+        loop = asyncio.get_running_loop()
+        previous = loop.get_exception_handler()
+
+        def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            if context.get("exception") is exc:
+                return
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(handler)
+    logging.getLogger("twisted").addFilter(_DropException(exc))
+
+
+class _DropException(logging.Filter):
+    def __init__(self, exc: BaseException):
+        super().__init__()
+        self.exc = exc
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.exc_info[1] is self.exc)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from scrapy.settings import BaseSettings
 
 from scrapy_reliability import _startup
+from scrapy_reliability.config import bool_setting
 from scrapy_reliability.middlewares import RetryMiddleware
 from scrapy_reliability.monitoring import CrawlMonitor, install_json_logs
 
@@ -43,7 +44,7 @@ class Addon:
     def update_settings(self, settings: BaseSettings) -> None:
         settings.set("SCHEDULER", "scrapy_reliability.Scheduler", "addon")
         settings.set("DUPEFILTER_CLASS", "scrapy_reliability.DupeFilter", "addon")
-        if settings.getbool("RELIABILITY_RETRY_ENABLED", True):
+        if bool_setting(settings, "RELIABILITY_RETRY_ENABLED", True):
             self._replace_retry_middleware(settings)
         self._enable_monitor(settings)
         # What can keep the crawl from starting fails now, before Scrapy builds its

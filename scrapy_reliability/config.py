@@ -190,6 +190,8 @@ class Config:
     order: str = "bfs"
     auto_migrate: bool = False
     sqlite_busy_timeout: float = 30.0
+    #: A database failure (server gone, disk full) lasting this long stops the crawl.
+    storage_give_up_seconds: float = 60.0
     dedup_cache_size: int = 50_000
     #: Requests handed to the engine and not yet acked, at most; None means
     #: CONCURRENT_REQUESTS. It bounds what a crash fetches again.
@@ -254,6 +256,12 @@ class Config:
                 settings,
                 "RELIABILITY_SQLITE_BUSY_TIMEOUT",
                 cls.sqlite_busy_timeout,
+                maximum=MAX_SECONDS,
+            ),
+            storage_give_up_seconds=_positive_float(
+                settings,
+                "RELIABILITY_STORAGE_GIVE_UP_SECONDS",
+                cls.storage_give_up_seconds,
                 maximum=MAX_SECONDS,
             ),
             dedup_cache_size=positive_int(

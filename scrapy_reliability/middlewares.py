@@ -30,7 +30,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 from scrapy.utils.response import response_status_message
 
-from scrapy_reliability.config import SettingError
+from scrapy_reliability.config import MAX_SECONDS, SettingError, nonnegative_float
 from scrapy_reliability.retry import Action, ErrorClass, RetryPolicy, parse_retry_after
 
 if TYPE_CHECKING:
@@ -300,20 +300,34 @@ class BanDetector:
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> BanDetector:
+        setting = settings.get("RELIABILITY_BAN_PATTERNS")
+        raw_list: list[str]
+        if setting is None or setting == "":
+            raw_list = []
+        elif isinstance(setting, str):
+            raw_list = setting.split(",")
+        elif isinstance(setting, (list, tuple)) and all(isinstance(p, str) for p in setting):
+            raw_list = list(setting)
+        else:
+            raise SettingError(
+                "RELIABILITY_BAN_PATTERNS must be a list of regular expressions "
+                f"(got {setting!r:.80})."
+            )
         patterns = []
-        for raw in settings.getlist("RELIABILITY_BAN_PATTERNS"):
+        for raw in raw_list:
             try:
                 patterns.append(re.compile(str(raw).encode(), re.IGNORECASE))
             except re.error as exc:
                 raise SettingError(
                     f"RELIABILITY_BAN_PATTERNS has an invalid regular expression {raw!r}: {exc}."
                 ) from None
-        pause = settings.getfloat("RELIABILITY_BAN_PAUSE_SECONDS", 60.0)
-        share = settings.getfloat("RELIABILITY_BAN_403_SHARE", 0.5)
-        if pause < 0 or not 0 < share <= 1:
+        pause = nonnegative_float(
+            settings, "RELIABILITY_BAN_PAUSE_SECONDS", 60.0, maximum=MAX_SECONDS
+        )
+        share = nonnegative_float(settings, "RELIABILITY_BAN_403_SHARE", 0.5, maximum=1.0)
+        if share == 0:
             raise SettingError(
-                "RELIABILITY_BAN_PAUSE_SECONDS must be >= 0 and RELIABILITY_BAN_403_SHARE "
-                "between 0 and 1."
+                "RELIABILITY_BAN_403_SHARE must be a number greater than 0 and at most 1 (got 0)."
             )
         return cls(patterns, pause, share)
 

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from scrapy import Request, signals
+from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.log import get_scrapy_root_handler
 from twisted.internet import task
-from twisted.internet.defer import Deferred, succeed
 from w3lib.url import canonicalize_url
 
 from scrapy_reliability import signals as reliability_signals
@@ -308,7 +308,8 @@ class CrawlMonitor:
             },
         )
 
-    def _closed(self, spider: Any, reason: str) -> Deferred[Any]:
+    async def _closed(self, spider: Any, reason: str) -> None:
+        # A coroutine: Scrapy 2.14+ deprecates signal handlers returning a Deferred.
         if self._summary is not None and self._summary.running:
             self._summary.stop()
         if self._server is not None:
@@ -318,21 +319,19 @@ class CrawlMonitor:
         self._attempts.clear()
         db = self._db
         if db is None:
-            return succeed(None)
-
-        def log_final(probe: Probe) -> None:
-            self._log_summary(probe, final=True)
-
-        def done(_: Any) -> None:
+            return
+        stats = self.crawler.stats
+        stopped = stats.get_value("reliability/stopped") if stats is not None else None
+        try:
+            if stopped is None:  # the frontier failed: the scheduler said why, once
+                probe = await maybe_deferred_to_future(db.deferred(self._probe_now))
+                self._log_summary(probe, final=True)
+        except Exception as exc:  # a summary is not worth a traceback at close
+            logger.warning("Final frontier summary failed: %s", exc)
+        finally:
             if self._engine is not None:
                 self._engine.dispose()
             db.shutdown()
-
-        d: Deferred[Any] = db.deferred(self._probe_now)
-        d.addCallback(log_final)
-        d.addErrback(lambda f: logger.warning("Final frontier summary failed: %s", f.value))
-        d.addBoth(done)
-        return d
 
     # -- signals ------------------------------------------------------------------------------
 

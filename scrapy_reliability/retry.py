@@ -34,7 +34,12 @@ from typing import Any
 
 from scrapy.settings import BaseSettings
 
-from scrapy_reliability.config import SettingError, nonnegative_float, positive_int
+from scrapy_reliability.config import (
+    SettingError,
+    mapping_setting,
+    nonnegative_float,
+    positive_int,
+)
 
 
 class ErrorClass(str, enum.Enum):
@@ -215,16 +220,22 @@ class RetryPolicy:
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> RetryPolicy:
         classes = dict(DEFAULT_STATUS_CLASSES)
-        overrides = settings.getdict("RELIABILITY_STATUS_CLASSES")
+        overrides = mapping_setting(
+            settings,
+            "RELIABILITY_STATUS_CLASSES",
+            "a dict of HTTP status codes to error classes, e.g. {404: 'transient', 418: 'ok'}",
+        )
         valid = {c.value for c in ErrorClass} | {"ok"}
         for raw_status, raw_class in overrides.items():
             try:
                 status = int(raw_status)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
+                status = 0
+            if isinstance(raw_status, bool) or not 100 <= status <= 599:
                 raise SettingError(
-                    f"RELIABILITY_STATUS_CLASSES keys must be HTTP status codes "
-                    f"(got {raw_status!r})."
-                ) from None
+                    f"RELIABILITY_STATUS_CLASSES keys must be HTTP status codes from 100 to "
+                    f"599 (got {raw_status!r:.80})."
+                )
             name = str(raw_class).lower()
             if name not in valid:
                 raise SettingError(

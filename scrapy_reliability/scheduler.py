@@ -76,7 +76,7 @@ from scrapy_reliability.frontier.store import (
     is_storage_failure,
     storable_text,
 )
-from scrapy_reliability.items import DeadLetter
+from scrapy_reliability.items import DeadLetter, export_to_dead_letter_feeds
 from scrapy_reliability.middlewares import ATTEMPTS_META, RETRY_META, failure_of
 from scrapy_reliability.retry import ErrorClass, RetryPolicy
 from scrapy_reliability.serialization import (
@@ -221,10 +221,7 @@ class Scheduler(BaseScheduler):
         self._retry_at = 0.0
         self._failing_since: float | None = None
         self._storage_failures = 0
-        # TODO(integration): parse in Config with the other settings.
-        self._give_up_seconds = crawler.settings.getfloat(
-            "RELIABILITY_STORAGE_GIVE_UP_SECONDS", 60.0
-        )
+        self._give_up_seconds = config.storage_give_up_seconds
         self._stopping = False
         # Other live workers of the job and their spiders' callbacks (mixed versions).
         self._peer_callbacks: dict[str, frozenset[str]] = {}
@@ -1165,7 +1162,7 @@ class Scheduler(BaseScheduler):
                 attempts_inc=1,
             )
 
-        if not self.config.dead_letter_items:
+        if not self.config.dead_letter_items and not self.config.dead_letter_feeds:
             settle()
             return None
         now = time.time()
@@ -1182,6 +1179,20 @@ class Scheduler(BaseScheduler):
             task_id=lease.task_id,
             job=self.job.name if self.job else "",
         )
+        if not self.config.dead_letter_items:
+            # Only the feeds that name DeadLetter: no pipeline, no other feed. The
+            # write precedes the ack, and the ack's batch flushes the feeds first.
+            try:
+                export_to_dead_letter_feeds(self._feed_exporters, item, self.spider)
+            except Exception as exc:  # a feed failure costs the feed line, not the burial
+                logger.error(
+                    "Writing the dead letter of %(url)s to its feed failed: %(error)s; "
+                    "it stays in the frontier (scrapy frontier dead)",
+                    {"url": item.url, "error": exc},
+                    extra={"spider": self.spider},
+                )
+            settle()
+            return None
         d = _send_item(self.crawler, item)
         d.addBoth(settle)
         return d
@@ -1464,19 +1475,15 @@ class Scheduler(BaseScheduler):
 
     def _transition_refused(self, tr: Transition, cause: str) -> None:
         """A transition the database refuses: a retry or redirect whose new request
-        cannot be stored is buried as ``refused`` instead; a burial that cannot be
-        written once more, plainly; anything else stays unresolved (released at
-        close, so the next run fetches it again: fail closed)."""
+        cannot be stored is buried as ``refused`` instead; anything else (a burial
+        whose dead letter cannot be written, an ack) stays unresolved: its lease is
+        released at close, so the next run fetches it again (fail closed)."""
         lease = self._settling.get((tr.task_id, tr.token))
         url = lease.url if lease is not None else f"frontier task {tr.task_id}"
-        if tr.outcome in (Outcome.RESCHEDULE, Outcome.DEAD) and tr.error_class != "refused":
+        if tr.outcome is Outcome.RESCHEDULE:
             logger.error(
-                "Cannot store the %(what)s of %(url)s (%(error)s); burying it as refused",
-                {
-                    "what": "burial" if tr.outcome is Outcome.DEAD else "retry or redirect",
-                    "url": url,
-                    "error": cause,
-                },
+                "Cannot store the retry or redirect of %(url)s (%(error)s); burying it as refused",
+                {"url": url, "error": cause},
                 extra={"spider": self.spider},
             )
             self.stats.inc_value("reliability/refused/transition")

@@ -181,6 +181,9 @@ def _load_integration(name: str | None) -> bool:
             loaded = True
         except ImportError:  # the optional package is not installed
             loaded = False
+        except Exception:  # a broken install: its values are refused, one by one
+            logger.exception("The %(name)s integration cannot be loaded", {"name": name})
+            loaded = False
         _integrations_loaded[name] = loaded
     return loaded
 
@@ -286,11 +289,9 @@ def request_to_payload(request: Request, spider: Spider) -> str:
     if errback is not None:
         data["errback"] = errback
     priority = request.priority
-    if not isinstance(priority, int):
-        raise UnserializableRequest(
-            f"the priority of {request!r} is {priority!r}; the frontier stores "
-            "integer priorities (give an int)"
-        )
+    problem = _priority_problem(priority)
+    if problem:  # the row holds it in an INTEGER column as well
+        raise UnserializableRequest(f"{request!r} cannot be stored: its priority {problem}")
     if priority:
         data["priority"] = int(priority)  # a bool is stored as the int it is
     if request.dont_filter:
@@ -406,15 +407,9 @@ def check_storable_fields(url: str, priority: int, domain: str) -> str | None:
     problem = _text_problem(url)
     if problem:
         return f"its URL {problem}"
-    if not isinstance(priority, int):
-        return f"its priority {_quote(repr(priority), 40)} is not an int"
-    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        # An int of thousands of digits cannot even be formatted: say its size.
-        shown = str(priority) if priority.bit_length() <= 128 else f"(an int of {priority.bit_length()} bits)"
-        return (
-            f"its priority {shown} is out of the range the frontier stores "
-            f"({MIN_PRIORITY} to {MAX_PRIORITY}, a 32-bit INTEGER column)"
-        )
+    problem = _priority_problem(priority)
+    if problem:
+        return f"its priority {problem}"
     if not isinstance(domain, str):
         return f"its host name is a {type(domain).__name__}, not a str"
     if len(domain) > MAX_DOMAIN_LENGTH:
@@ -425,6 +420,21 @@ def check_storable_fields(url: str, priority: int, domain: str) -> str | None:
     problem = _text_problem(domain)
     if problem:
         return f"its host name {problem}"
+    return None
+
+
+def _priority_problem(priority: object) -> str | None:
+    if not isinstance(priority, int):
+        shown = ascii(priority)
+        return f"{shown if len(shown) <= 40 else shown[:40] + '...'} is not an int"
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        # An int of thousands of digits cannot even be formatted: say its size.
+        bits = priority.bit_length()
+        shown = str(priority) if bits <= 128 else f"(an int of {bits} bits)"
+        return (
+            f"{shown} is out of the range the frontier stores ({MIN_PRIORITY} to "
+            f"{MAX_PRIORITY}, a 32-bit INTEGER column)"
+        )
     return None
 
 

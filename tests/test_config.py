@@ -255,6 +255,7 @@ CONFIG_SETTINGS = (
     "RELIABILITY_ORDER",
     "RELIABILITY_AUTO_MIGRATE",
     "RELIABILITY_SQLITE_BUSY_TIMEOUT",
+    "RELIABILITY_STORAGE_GIVE_UP_SECONDS",
     "RELIABILITY_DEDUP_CACHE_SIZE",
     "RELIABILITY_MAX_IN_FLIGHT",
     "RELIABILITY_DEAD_LETTER_ITEMS",
@@ -393,3 +394,16 @@ def test_any_value_of_a_retry_setting_is_accepted_in_range_or_named(name: str, v
     for seconds in (policy.backoff_base, policy.backoff_max, policy.retry_after_max):
         assert math.isfinite(seconds) and seconds >= 0
     assert policy.backoff_base <= policy.backoff_max
+
+
+def test_the_storage_give_up_time_defaults_to_a_minute_and_is_checked() -> None:
+    assert Config.from_settings(Settings({})).storage_give_up_seconds == 60.0
+    assert (
+        Config.from_settings(
+            Settings({"RELIABILITY_STORAGE_GIVE_UP_SECONDS": "15"})
+        ).storage_give_up_seconds
+        == 15.0
+    )
+    for bad in ("0", "-1", "inf", "nan", "soon"):
+        with pytest.raises(SettingError, match="RELIABILITY_STORAGE_GIVE_UP_SECONDS"):
+            Config.from_settings(Settings({"RELIABILITY_STORAGE_GIVE_UP_SECONDS": bad}))

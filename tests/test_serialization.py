@@ -345,11 +345,23 @@ def test_a_huge_int_that_python_reads_back_is_stored(spider):
     assert roundtrip(scrapy.Request(_URL, meta={"n": big}), spider).meta == {"n": big}
 
 
-def test_a_priority_that_is_not_an_int_is_refused(spider):
+@pytest.mark.parametrize(
+    ("priority", "reason"),
+    [
+        (1.5, "1.5 is not an int"),
+        (2**31, "2147483648 is out of the range"),
+        pytest.param(-(10**5000), r"\(an int of 16610 bits\)", id="int-of-5001-digits"),
+    ],
+)
+def test_a_priority_the_frontier_cannot_hold_is_refused(spider, priority, reason):
     request = scrapy.Request(_URL)
-    request.priority = 1.5
-    with pytest.raises(UnserializableRequest, match="priority"):
+    request.priority = priority
+    with pytest.raises(UnserializableRequest, match=f"its priority {reason}"):
         request_to_payload(request, spider)
+
+
+def test_a_bool_priority_is_stored_as_an_int(spider):
+    assert roundtrip(scrapy.Request(_URL, priority=True), spider).priority == 1
 
 
 @pytest.mark.parametrize(
@@ -411,6 +423,7 @@ def test_a_payload_over_the_limit_is_refused_naming_the_field(spider, monkeypatc
         (_URL, -(2**31) - 1, "h", "priority -2147483649"),
         (_URL, 2**31 - 1, "h", None),
         (_URL, 1.0, "h", "not an int"),
+        pytest.param(_URL, 10**5000, "h", "an int of 16610 bits", id="priority-of-5001-digits"),
         (_URL, 0, "h" * 256, "host name is 256 characters"),
         (_URL, 0, "h\x00", "NUL"),
         (_URL, 0, "h\udfff", "surrogate"),

@@ -13,7 +13,6 @@ from urllib.parse import quote_plus
 from sqlalchemy import (
     Connection,
     Engine,
-    Select,
     Table,
     create_engine,
     event,
@@ -239,6 +238,18 @@ def _configure_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
+def snapshot_options(engine: Engine) -> dict[str, Any]:
+    """Execution options of a read-only transaction whose statements all see one
+    snapshot. SQLite in WAL mode keeps the snapshot of a transaction's first read
+    (and ``READ_ONLY`` takes no write lock); PostgreSQL needs REPEATABLE READ (its
+    READ COMMITTED takes a snapshot per statement), and a read-only one never fails
+    to serialize."""
+    options: dict[str, Any] = {READ_ONLY: True}
+    if not is_sqlite(engine):
+        options.update(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+    return options
+
+
 def sqlite_path(engine: Engine) -> str | None:
     """The absolute path of a SQLite frontier's file; None for other databases
     and for in-memory or URI databases."""
@@ -289,28 +300,6 @@ def insert_ignore(table: Table, engine: Engine) -> Insert:
     if is_sqlite(engine):
         return sqlite.insert(table).on_conflict_do_nothing()
     return postgresql.insert(table).on_conflict_do_nothing()
-
-
-def upsert_dead_letter(
-    table: Table, engine: Engine, columns: list[str], source: Select[Any]
-) -> Insert:
-    """Insert a request's dead letter from ``source``, or refresh the one it has
-    (a request buried again by a retry pass keeps its first failure and passes)."""
-    module: Any = sqlite if is_sqlite(engine) else postgresql
-    stmt = module.insert(table).from_select(columns, source)
-    refreshed = (
-        "error_class",
-        "last_status",
-        "last_error",
-        "attempts",
-        "payload",
-        "last_failed_at",
-    )
-    return stmt.on_conflict_do_update(  # type: ignore[no-any-return]
-        index_elements=[table.c.request_id],
-        index_where=table.c.kind == "request",
-        set_={name: stmt.excluded[name] for name in refreshed},
-    )
 
 
 @contextlib.contextmanager

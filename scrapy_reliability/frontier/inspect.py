@@ -185,10 +185,7 @@ def reading(engine: Engine) -> Iterator[Connection]:
     lock); PostgreSQL needs REPEATABLE READ for that (its default, READ COMMITTED,
     takes a new snapshot per statement), and a read-only one never fails to
     serialize."""
-    options: dict[str, Any] = {dialect.READ_ONLY: True}
-    if not dialect.is_sqlite(engine):
-        options.update(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-    with engine.connect().execution_options(**options) as conn:
+    with engine.connect().execution_options(**dialect.snapshot_options(engine)) as conn:
         try:
             yield conn
         finally:

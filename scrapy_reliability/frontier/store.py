@@ -636,8 +636,10 @@ class Frontier:
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Connection]:
-        """A read-only transaction (on SQLite it takes no write lock)."""
-        with self.engine.connect().execution_options(**{dialect.READ_ONLY: True}) as conn:
+        """A read-only transaction, one snapshot (on SQLite it takes no write lock)."""
+        with self.engine.connect().execution_options(
+            **dialect.snapshot_options(self.engine)
+        ) as conn:
             try:
                 yield conn
             finally:

@@ -23,7 +23,7 @@ Round r runs the variants in an order rotated by r, so no variant always goes fi
 Exit status 1 if any crawl fails (exit status, finish_reason, ERROR log lines) or loses
 pages (item_scraped_count != 3 x pages).
 
-    python bench/crawl_throughput.py [--pages 2000] [--repeat 3] [--variants ...]
+    python bench/crawl_throughput.py [--pages 2000] [--repeat 3] [--variants ...] [--project-limits]
         [--set NAME=VALUE ...] [--json results.json] [--pg-admin-url postgresql://postgres@127.0.0.1:5432/postgres]
 """
 
@@ -147,7 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="an extra Scrapy setting for the reliability variants (repeatable)",
     )
+    parser.add_argument(
+        "--project-limits",
+        action="store_true",
+        help="the project sets DOWNLOAD_DELAY = 0 and CONCURRENT_REQUESTS_PER_DOMAIN = 8 "
+        "and no RELIABILITY_DOMAIN_* setting (the add-on must honour them)",
+    )
     args = parser.parse_args(argv)
+    if args.project_limits:
+        os.environ["BENCH_PROJECT_LIMITS"] = "1"  # read by benchproj/settings.py
     sigterm_raises()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = set(variants) - set(VARIANTS)

@@ -226,6 +226,9 @@ class Scheduler(BaseScheduler):
         # Other live workers of the job and their spiders' callbacks (mixed versions).
         self._peer_callbacks: dict[str, frozenset[str]] = {}
         self._handed_back: dict[int, int] = {}
+        # Seconds this worker waits before claiming again after a claim of only rows
+        # it had to hand back.
+        self._foreign_backoff = 0.0
         # Domains this worker saw paused (until when) and slowed down (when).
         self._paused: dict[str, float] = {}
         self._slowed: dict[str, float] = {}
@@ -1003,8 +1006,15 @@ class Scheduler(BaseScheduler):
             self._idle_until = 0.0
             self._maybe_pending = True
             self.stats.inc_value("reliability/claimed", len(result.rows))
-            for row in result.rows:
-                self._take(row)
+            handed = sum(self._take(row) for row in result.rows)
+            if handed == len(result.rows):
+                # Only rows of another spider version: leave them to the workers that
+                # have their callbacks for a while, longer while it goes on.
+                self._foreign_backoff = min(max(0.25, 2 * self._foreign_backoff), 5.0)
+                self._idle_until = time.time() + self._foreign_backoff
+                self._wake_at(self._idle_until)
+            else:
+                self._foreign_backoff = 0.0
             return
         now = time.time()
         if result.next_due is not None:
@@ -1023,31 +1033,24 @@ class Scheduler(BaseScheduler):
             self._maybe_pending = False
             self._idle_until = math.inf
 
-    def _take(self, row: Claimed) -> None:
+    def _take(self, row: Claimed) -> bool:
+        """Rebuild a claimed row into a request in the ready buffer; True when it was
+        handed back for a worker whose spider has its callback."""
         assert self.spider is not None
         lease = _Lease(row.id, row.token, row.fingerprint, _Stage.READY, claimed_at=time.time())
         self._leases[row.id] = lease
         try:
             request = payload_to_request(row.payload, self.spider)
         except MissingCallback as exc:
-            self._hand_back_or_bury(lease, exc)
-            return
+            return self._hand_back_or_bury(lease, exc)
         except Exception as exc:  # a stored row that cannot be rebuilt costs that row only
-            self.stats.inc_value("reliability/dead/corrupt")
-            logger.error(
-                "Frontier task %(id)d cannot be rebuilt into a request (%(error)s); "
-                "recording it as a dead letter of class 'corrupt'",
-                {"id": row.id, "error": storable_text(str(exc), 300)},
-                extra={"spider": self.spider},
-            )
-            self._settle(
+            self._bury_unanswered(
                 lease,
-                Outcome.DEAD,
-                error=f"cannot rebuild the stored request: {exc}",
-                error_class="corrupt",
-                attempts_inc=1,
+                "corrupt",
+                f"cannot rebuild the stored request: {exc}",
+                f"cannot be rebuilt into a request ({storable_text(str(exc), 300)})",
             )
-            return
+            return False
         request.meta[TASK_META] = row.id
         request.meta[ATTEMPTS_META] = row.attempts
         lease.retry_times = int(request.meta.get("retry_times", 0))
@@ -1057,11 +1060,12 @@ class Scheduler(BaseScheduler):
         lease.method = request.method
         lease.domain = urlparse_cached(request).hostname or ""
         self._ready.append(request)
+        return False
 
-    def _hand_back_or_bury(self, lease: _Lease, exc: MissingCallback) -> None:
+    def _hand_back_or_bury(self, lease: _Lease, exc: MissingCallback) -> bool:
         """This worker's spider lacks the row's callback: another version of the
         spider, running as another live worker of the job, may have it. Hand the
-        row back for that worker (a short delay, no attempt spent); bury it as
+        row back for that worker (due at once, no attempt spent); bury it as
         ``incompatible`` only when no live worker has that callback (or after
         many hand-backs), for `scrapy retrypass` to replay from a version that has."""
         name = exc.name
@@ -1084,25 +1088,31 @@ class Scheduler(BaseScheduler):
                     lease.task_id,
                     lease.token,
                     Outcome.RELEASE,
-                    not_before=time.time() + _HAND_BACK_SECONDS,
+                    # Due at once for the others; this worker backs off claiming.
+                    not_before=time.time(),
                 )
             )
             self._schedule_flush()
-            return
-        self.stats.inc_value("reliability/dead/incompatible")
+            return True
+        self._bury_unanswered(
+            lease,
+            "incompatible",
+            f"the spider has no method {name!r}",
+            f"needs callback {name!r}, which this spider lacks and no live worker of the job has",
+        )
+        return False
+
+    def _bury_unanswered(self, lease: _Lease, error_class: str, error: str, why: str) -> None:
+        """A claimed row no server will answer: a dead letter of its own class (see
+        UNPROCESSED_CLASSES), for `scrapy retrypass --error-class` after a fix."""
+        self.stats.inc_value(f"reliability/dead/{error_class}")
         logger.error(
-            "Frontier task %(id)d needs callback %(name)r, which this spider lacks and no "
-            "live worker of the job has; recording it as a dead letter of class "
-            "'incompatible' (`scrapy retrypass` replays it from a version that has it)",
-            {"id": lease.task_id, "name": name},
+            "Frontier task %(id)d %(why)s; recording it as a dead letter of class "
+            "%(cls)r (`scrapy retrypass --error-class %(cls)s` replays it after a fix)",
+            {"id": lease.task_id, "why": why, "cls": error_class},
             extra={"spider": self.spider},
         )
-        self._settle(
-            lease,
-            Outcome.DEAD,
-            error=f"the spider has no method {name!r}",
-            error_class="incompatible",
-        )
+        self._settle(lease, Outcome.DEAD, error=error, error_class=error_class, attempts_inc=1)
 
     # -- completion -------------------------------------------------------------------------
 
@@ -1702,10 +1712,9 @@ class Scheduler(BaseScheduler):
         return len(self._ready) + len(self._batch.inserts)
 
 
-# A row whose callback this worker lacks goes back for a worker that has it, due
-# again after this long, at most this many times.
-_HAND_BACK_SECONDS = 3.0
-_MAX_HAND_BACKS = 200
+# A row whose callback this worker lacks goes back for a worker that has it, at most
+# this many times.
+_MAX_HAND_BACKS = 1000
 # A refused request's URL is kept up to this many characters.
 _URL_RECORD_LIMIT = 8192
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1

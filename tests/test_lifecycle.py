@@ -108,11 +108,13 @@ def test_unstorable_meta_is_refused_by_name_and_the_crawl_goes_on(tmp_path, site
         f"ITEMS_PATH={items}",
         bad_meta_page="5",
     )
-    assert crawl.run() == 0
+    # The refused requests are kept as dead letters: the run says it is incomplete.
+    assert crawl.run() == 1, crawl.log()[-3000:]
     log = crawl.log()
     assert "Refused to schedule" in log
     assert "meta['unstorable']" in log
     assert "'reliability/refused/unserializable': 3" in log  # page 5 of each host
+    assert "'finish_reason': 'incomplete'" in log
     assert pages_in(items) == every_page(site)
 
 

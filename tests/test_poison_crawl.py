@@ -29,6 +29,15 @@ def database_setting(backend: str, tmp_path: Path, request: pytest.FixtureReques
     return f"RELIABILITY_DATABASE_URL={request.getfixturevalue('postgres_url')}"
 
 
+def started_until(crawl: Crawl, site: SiteProcess, requests: int) -> subprocess.Popen[bytes]:
+    """Start ``crawl`` and return once the site has served ``requests`` pages."""
+    proc = crawl.start()
+    while count_lines(site.log_path) < requests:
+        assert proc.poll() is None, crawl.log()[-3000:]
+        time.sleep(0.05)
+    return proc
+
+
 def status_of(crawl: Crawl, db: str, job: str | None = None) -> dict[str, object]:
     key, value = db.split("=", 1)
     settings = {key: value}
@@ -205,13 +214,13 @@ def test_two_spider_versions_on_one_job_lose_nothing(tmp_path: Path, postgres_ur
     fetched. Then a worker of the second version alone: the first version's requests
     it cannot run become dead letters of class 'incompatible', the run says it is
     incomplete, and a retry pass of the first version recovers them."""
-    config = SiteConfig(pages=150, latency_ms=5)
+    config = SiteConfig(pages=60, latency_ms=40)
     db = f"RELIABILITY_DATABASE_URL={postgres_url}"
     v1, v2 = make_project(tmp_path / "v1"), _second_version(tmp_path)
     items1, items2 = tmp_path / "items1.jsonl", tmp_path / "items2.jsonl"
     every = {(h, i) for h in config.hosts for i in range(config.pages)}
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
-        common = (db, "RELIABILITY_JOB=mixed", "CONCURRENT_REQUESTS=4")
+        common = (db, "RELIABILITY_JOB=mixed", "CONCURRENT_REQUESTS=2")
         a = Crawl(v1, site.start_urls(), *common, f"ITEMS_PATH={items1}")
         b = Crawl(v2, site.start_urls(), *common, f"ITEMS_PATH={items2}")
         pa = a.start()
@@ -238,9 +247,11 @@ def test_two_spider_versions_on_one_job_lose_nothing(tmp_path: Path, postgres_ur
         alone = ("RELIABILITY_JOB=mixed2", db, "CONCURRENT_REQUESTS=4")
         items3 = tmp_path / "items3.jsonl"
         a2 = Crawl(v1, site.start_urls(), *alone, f"ITEMS_PATH={items3}")
+        a2.runs = 10  # logs of their own
         before = count_lines(site.log_path)
-        assert signal_when(a2.start(), site.log_path, before + 60) == -signal.SIGKILL
+        assert signal_when(a2.start(), site.log_path, before + 40) == -signal.SIGKILL
         b2 = Crawl(v2, site.start_urls(), *alone, f"ITEMS_PATH={items3}")
+        b2.runs = 10
         assert b2.run(timeout=300) == 1, b2.log()[-3000:]
         log = b2.log()
         assert "'finish_reason': 'incomplete'" in log and "incompatible" in log
@@ -248,6 +259,7 @@ def test_two_spider_versions_on_one_job_lose_nothing(tmp_path: Path, postgres_ur
         dead = status_of(b2, db, job="mixed2")["dead_letters"]
         assert isinstance(dead, dict) and dead.get("incompatible", 0) > 0, dead
         a2.verb = ["retrypass", "--error-class", "incompatible"]
+        a2.settings.append("DOWNLOAD_DELAY=0")  # the retry pass is gentle by default
         assert a2.run(timeout=300) == 0, a2.log()[-3000:]
         assert pages_in(items3) == every
 
@@ -287,10 +299,7 @@ def test_a_full_disk_stops_the_crawl_with_one_line_and_the_restart_resumes(
                 "RELIABILITY_STORAGE_GIVE_UP_SECONDS=20",
                 "CONCURRENT_REQUESTS=4",
             )
-            proc = crawl.start()
-            while count_lines(site.log_path) < 100:
-                assert proc.poll() is None, crawl.log()[-3000:]
-                time.sleep(0.05)
+            proc = started_until(crawl, site, 100)
             filler = disk / "filler"
             subprocess.run(
                 ["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True, check=False
@@ -335,10 +344,7 @@ def test_a_deleted_sqlite_file_stops_the_crawl_and_is_never_recreated(tmp_path: 
             "RELIABILITY_LEASE_SECONDS=6",
             "CONCURRENT_REQUESTS=4",
         )
-        proc = crawl.start()
-        while count_lines(site.log_path) < 100:
-            assert proc.poll() is None, crawl.log()[-3000:]
-            time.sleep(0.05)
+        proc = started_until(crawl, site, 100)
         # "Deleted" as far as the crawl can tell: the name is gone (kept aside, with
         # its WAL, to put back for the restart).
         for suffix in ("", "-wal", "-shm"):
@@ -485,10 +491,7 @@ def test_a_postgres_server_that_stays_unreachable_stops_the_crawl(
                 "RELIABILITY_STORAGE_GIVE_UP_SECONDS=15",
                 "CONCURRENT_REQUESTS=4",
             )
-            proc = crawl.start()
-            while count_lines(site.log_path) < 100:
-                assert proc.poll() is None, crawl.log()[-3000:]
-                time.sleep(0.05)
+            proc = started_until(crawl, site, 100)
             with admin.connect() as conn:
                 conn.execute(text(f'ALTER ROLE "{role}" NOLOGIN'))
                 conn.execute(

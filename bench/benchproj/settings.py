@@ -24,9 +24,15 @@ ITEM_PIPELINES: dict[str, int] = {}
 # Same stats collector for all variants: the final stats (the ones Scrapy dumps in the
 # log) are also written as JSON to BENCH_STATS_PATH.
 STATS_CLASS = "benchproj.stats.JsonStatsCollector"
-# Stock Scrapy has no per-domain rate limit: compare like with like (the frontier's
-# polite defaults of 4 requests/s per domain would otherwise be what is measured).
-RELIABILITY_DOMAIN_RATE = 0
-RELIABILITY_DOMAIN_CONCURRENCY = 0
+if os.environ.get("BENCH_PROJECT_LIMITS") == "1":
+    # A project that states its own politeness and no RELIABILITY_DOMAIN_* setting:
+    # the add-on must take these (no frontier rate limit, 8 at once per domain).
+    DOWNLOAD_DELAY = 0
+    CONCURRENT_REQUESTS_PER_DOMAIN = 8
+else:
+    # Stock Scrapy has no per-domain rate limit: compare like with like (the frontier's
+    # polite defaults of 4 requests/s per domain would otherwise be what is measured).
+    RELIABILITY_DOMAIN_RATE = 0
+    RELIABILITY_DOMAIN_CONCURRENCY = 0
 # Per-thread CPU time into the final stats (bench/thread_cpu_s/...), every variant.
 EXTENSIONS = {"benchproj.threadcpu.ThreadCPU": 0}

@@ -29,6 +29,7 @@ from sqlalchemy import (
     event,
     func,
     literal,
+    or_,
     select,
     update,
 )
@@ -1282,17 +1283,7 @@ class Frontier:
             )
             rows.sort(key=lambda c: (-c.priority, -c.id if newest_first else c.id))
             return ClaimResult(rows)
-        return ClaimResult(
-            [],
-            self._next_start(conn, job_id, policy, now),
-            conn.execute(
-                select(func.count()).where(
-                    requests.c.job_id == job_id,
-                    requests.c.state == LEASED,
-                    requests.c.worker_id != worker_id,
-                )
-            ).scalar_one(),
-        )
+        return self._nothing_due(conn, job_id, worker_id, policy, now)
 
     def _load_domain_states(
         self,
@@ -1356,20 +1347,41 @@ class Frontier:
         )
         self._new_domains.update((job_id, n) for n in missing)
 
-    def _next_start(
-        self, conn: Connection, job_id: int, policy: Politeness, now: float
-    ) -> float | None:
-        """When nothing may start now: the earliest moment a pending row may
-        (its not_before, its domain's pause and token bucket), or None when no
-        row is pending."""
-        rows = conn.execute(
+    def _nothing_due(
+        self, conn: Connection, job_id: int, worker_id: str, policy: Politeness, now: float
+    ) -> ClaimResult:
+        """When nothing may start now: the earliest moment a pending row may (its
+        not_before, its domain's pause and token bucket; None when no row is
+        pending), and how many rows other workers hold leased.
+
+        One statement, so one snapshot: on PostgreSQL (READ COMMITTED) two would
+        each see their own, and a row another worker hands back (leased, then
+        pending) between them would be in neither, ending this worker early."""
+        found = conn.execute(
             select(
+                requests.c.state,
                 requests.c.domain,
                 func.min(requests.c.not_before).label("due"),
+                func.count().label("n"),
             )
-            .where(requests.c.job_id == job_id, requests.c.state == PENDING)
-            .group_by(requests.c.domain)
+            .where(
+                requests.c.job_id == job_id,
+                or_(
+                    requests.c.state == PENDING,
+                    and_(requests.c.state == LEASED, requests.c.worker_id != worker_id),
+                ),
+            )
+            .group_by(requests.c.state, requests.c.domain)
         ).all()
+        leased = sum(int(r.n) for r in found if r.state == LEASED)
+        rows = [r for r in found if r.state == PENDING]
+        return ClaimResult([], self._next_start(conn, job_id, rows, policy, now), leased)
+
+    def _next_start(
+        self, conn: Connection, job_id: int, rows: Sequence[Any], policy: Politeness, now: float
+    ) -> float | None:
+        """The earliest moment one of the pending ``rows`` (domain, earliest
+        not_before) may start, with its domain's pause and token bucket."""
         if not rows:
             return None
         states: dict[str, DomainState] = {}

@@ -219,6 +219,7 @@ class Scheduler(BaseScheduler):
         self._split: deque[tuple[WriteBatch, dict[str, Request]]] = deque()
         # No write or claim before then (a storage failure is being waited out).
         self._retry_at = 0.0
+        self._retry_call: Any = None
         self._failing_since: float | None = None
         self._storage_failures = 0
         self._give_up_seconds = config.storage_give_up_seconds
@@ -1284,7 +1285,8 @@ class Scheduler(BaseScheduler):
             return
         wait = self._retry_at - time.time()
         if wait > 0:
-            the_reactor().callLater(wait, self._schedule_flush)
+            if self._retry_call is None or not self._retry_call.active():
+                self._retry_call = the_reactor().callLater(wait, self._schedule_flush)
             return
         if self._split:
             # Parts of a failed write go first, alone: no claim rides on them.

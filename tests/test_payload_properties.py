@@ -17,6 +17,7 @@ import math
 import sys
 from typing import Any
 
+import pytest
 import scrapy
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
@@ -226,6 +227,7 @@ def assert_same_request(back: scrapy.Request, request: scrapy.Request) -> None:
     assert back.encoding == request.encoding
 
 
+@pytest.mark.long
 @PROPERTY
 @given(requests())
 def test_requests_round_trip_or_are_refused_by_name(case: tuple[scrapy.Request, str | None]):
@@ -380,6 +382,7 @@ payload_to_request(
 )
 
 
+@pytest.mark.long
 @PROPERTY
 @given(STORED_TEXT)
 def test_any_stored_text_rebuilds_or_is_a_corrupt_payload(payload: str):

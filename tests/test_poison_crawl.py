@@ -276,6 +276,7 @@ def _tmpfs(path: Path, size: str) -> None:
         pytest.skip(f"cannot mount a small tmpfs to fill (needs root): {done.stderr.strip()}")
 
 
+@pytest.mark.long
 def test_a_full_disk_stops_the_crawl_with_one_line_and_the_restart_resumes(
     tmp_path: Path,
 ) -> None:
@@ -462,6 +463,7 @@ def test_a_restart_on_a_full_disk_says_so_in_one_line(tmp_path: Path) -> None:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+@pytest.mark.long
 @pytest.mark.postgres
 def test_a_postgres_server_that_stays_unreachable_stops_the_crawl(
     tmp_path: Path, postgres_url: str

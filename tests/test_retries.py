@@ -82,6 +82,7 @@ def _unseen_429(entry: dict[str, Any], log: list[dict[str, Any]], killed_at: lis
     return bool(pausing) and any(0 <= k - pausing[-1] < _RECORD_WINDOW for k in killed_at)
 
 
+@pytest.mark.long
 def test_every_fault_ends_as_the_table_says_across_two_kills(tmp_path: Path):
     """Acceptance: 3 x 600 pages, 15% faulty, SIGKILLed twice: every page but the
     404s yields its item, and no URL is asked again before its Retry-After."""
@@ -127,6 +128,7 @@ def test_every_fault_ends_as_the_table_says_across_two_kills(tmp_path: Path):
     assert "'reliability/retry/transient'" in final or "'reliability/retry/throttled'" in final
 
 
+@pytest.mark.long
 def test_both_retry_after_forms_are_honoured(tmp_path: Path):
     config = SiteConfig(pages=40, fault_rate=0.4, faults=("429",), retry_after=3, seed=5)
     throttled = faulty(config, "429")
@@ -153,6 +155,7 @@ def test_both_retry_after_forms_are_honoured(tmp_path: Path):
     assert "'reliability/retry/throttled'" in crawl.log()
 
 
+@pytest.mark.long
 def test_retry_scheduled_30s_ahead_survives_kill_9(tmp_path: Path):
     """Neither early nor forgotten after a restart.
 
@@ -246,6 +249,7 @@ def test_failed_dead_letter_write_leaves_the_request_unresolved(tmp_path: Path):
     assert {page_key(d["url"]) for d in dead_letters(db)} == reached_404
 
 
+@pytest.mark.long
 def test_outage_dead_letters_export_then_retry_pass_recovers(tmp_path: Path):
     """Acceptance: a 30 s outage with 3 attempts dead-letters the pages it hit,
     exported through FEEDS as DeadLetter items (404s included, none for a page that

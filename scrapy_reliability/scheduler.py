@@ -228,8 +228,10 @@ class Scheduler(BaseScheduler):
         self._peer_callbacks: dict[str, frozenset[str]] = {}
         self._handed_back: dict[int, int] = {}
         # Seconds this worker waits before claiming again after a claim of only rows
-        # it had to hand back.
+        # it had to hand back; no claim before _foreign_until (unlike _idle_until, a
+        # write of ours does not end it).
         self._foreign_backoff = 0.0
+        self._foreign_until = 0.0
         # Domains this worker saw paused (until when) and slowed down (when).
         self._paused: dict[str, float] = {}
         self._slowed: dict[str, float] = {}
@@ -939,7 +941,7 @@ class Scheduler(BaseScheduler):
     def _claim(self) -> None:
         if self.job is None or self._closing or self._claim_future is not None:
             return
-        if time.time() < self._idle_until:
+        if time.time() < max(self._idle_until, self._foreign_until):
             return
         if self._flush_future is not None:
             # Rides on the next write, sent when this one lands: one transaction.
@@ -1012,8 +1014,8 @@ class Scheduler(BaseScheduler):
                 # Only rows of another spider version: leave them to the workers that
                 # have their callbacks for a while, longer while it goes on.
                 self._foreign_backoff = min(max(0.25, 2 * self._foreign_backoff), 5.0)
-                self._idle_until = time.time() + self._foreign_backoff
-                self._wake_at(self._idle_until)
+                self._foreign_until = time.time() + self._foreign_backoff
+                self._wake_at(self._foreign_until)
             else:
                 self._foreign_backoff = 0.0
             return
@@ -1700,6 +1702,8 @@ class Scheduler(BaseScheduler):
         # _idle_until, and a claim skipped then would wait for the engine's 5 s
         # heartbeat.
         self._idle_until = 0.0
+        if self._foreign_until <= time.time() + 0.01:
+            self._foreign_until = 0.0
         self._wake_engine()
 
     def _wake_engine(self) -> None:

@@ -890,6 +890,8 @@ def _limits_line(limits: Politeness, source: str) -> str:
         else "from these settings: the job stored none (it ran with an older version)"
     )
     line = f"Per-domain limits ({where}): {_domain_limits_text(limits.default)}"
+    if limits.per_worker and not limits.default.concurrency:
+        line += f" over all workers, at most {limits.per_worker} at once in each"
     if limits.overrides:
         n = len(limits.overrides)
         line += f"; {n} domain{'s' if n != 1 else ''} with their own"
@@ -901,6 +903,7 @@ def _limits_json(limits: Politeness, source: str) -> dict[str, Any]:
         "source": source,
         "default": asdict(limits.default),
         "overrides": {k: asdict(v) for k, v in limits.overrides.items()},
+        "per_worker": limits.per_worker,
     }
 
 

@@ -155,11 +155,14 @@ def _politeness(values: dict[str, Any], priority: str = "project") -> Config:
 
 def test_explicit_download_delay_0_means_no_frontier_rate():
     config = _politeness({"DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 8})
-    assert (config.politeness.default.rate, config.politeness.default.concurrency) == (0.0, 8)
+    # CONCURRENT_REQUESTS_PER_DOMAIN keeps Scrapy's meaning: per worker (its
+    # downloader), no cap of the claim over all workers.
+    assert (config.politeness.default.rate, config.politeness.default.concurrency) == (0.0, 0)
+    assert config.politeness.per_worker == 8
     text = limits_text(config)
     print(text)
     assert "no rate limit from DOWNLOAD_DELAY = 0" in text
-    assert "at most 8 at once from CONCURRENT_REQUESTS_PER_DOMAIN" in text
+    assert "at most 8 at once in each worker from CONCURRENT_REQUESTS_PER_DOMAIN" in text
 
 
 def test_polite_defaults_only_where_the_project_said_nothing():
@@ -169,7 +172,8 @@ def test_polite_defaults_only_where_the_project_said_nothing():
     assert "polite default: the project sets no DOWNLOAD_DELAY" in limits_text(config)
     # Only the concurrency set: the rate stays polite.
     half = _politeness({"CONCURRENT_REQUESTS_PER_DOMAIN": 2})
-    assert (half.politeness.default.rate, half.politeness.default.concurrency) == (4.0, 2)
+    assert (half.politeness.default.rate, half.politeness.default.concurrency) == (4.0, 0)
+    assert half.politeness.per_worker == 2
     # DOWNLOAD_DELAY is a gap between requests: its rate has no burst.
     delayed = _politeness({"DOWNLOAD_DELAY": 0.25})
     assert (delayed.politeness.default.rate, delayed.politeness.default.burst) == (4.0, 1)
@@ -184,7 +188,7 @@ def test_values_the_addon_sets_are_not_the_projects():
     assert Settings().getpriority("CONCURRENT_REQUESTS_PER_DOMAIN") == 0
     # A command's defaults (scrapy retrypass: gentler) are the project's choice of run.
     retry = _politeness({"DOWNLOAD_DELAY": 0.5, "CONCURRENT_REQUESTS_PER_DOMAIN": 2}, "command")
-    assert (retry.politeness.default.rate, retry.politeness.default.concurrency) == (2.0, 2)
+    assert (retry.politeness.default.rate, retry.politeness.per_worker) == (2.0, 2)
 
 
 def test_autothrottle_on_leaves_the_rate_to_it_and_reliability_settings_win():

@@ -171,7 +171,7 @@ def test_a_projects_own_download_delay_0_is_not_throttled(tmp_path: Path) -> Non
     print(line.split("] ", 1)[-1])
     print(f"{pages} pages of one host in {elapsed:.1f} s ({pages / elapsed:.0f} pages/s)")
     assert "no rate limit from DOWNLOAD_DELAY = 0" in line
-    assert "at most 8 at once from CONCURRENT_REQUESTS_PER_DOMAIN" in line
+    assert "at most 8 at once in each worker from CONCURRENT_REQUESTS_PER_DOMAIN" in line
     # At the polite default of 4 requests/s the same crawl takes at least 150 s.
     assert elapsed < pages / 4 / 2
 
@@ -191,7 +191,9 @@ def test_a_projects_own_download_delay_0_is_not_throttled(tmp_path: Path) -> Non
     )
     (found,) = explained["explanations"]
     assert found["reason"] == "done"
-    assert found["limits"] == {"rate": 0.0, "burst": 1, "concurrency": 8}
+    # No rate, no cap over all workers; 8 at once in each worker (its downloader).
+    assert found["limits"] == {"rate": 0.0, "burst": 1, "concurrency": 0}
     status = _frontier(project, "status", "pages", "-s", f"JOBDIR={tmp_path / 'job'}")
     assert status["limits"]["source"] == "crawl"
-    assert status["limits"]["default"]["concurrency"] == 8
+    assert status["limits"]["default"]["concurrency"] == 0
+    assert status["limits"]["per_worker"] == 8

@@ -41,7 +41,12 @@ def test_polite_defaults_and_what_a_project_already_set():
             }
         )
     ).politeness
-    assert (honoured.default.rate, honoured.default.concurrency) == (0.5, 3)
+    # CONCURRENT_REQUESTS_PER_DOMAIN: per worker, as in Scrapy (no cap in the claim).
+    assert (honoured.default.rate, honoured.default.concurrency, honoured.per_worker) == (
+        0.5,
+        0,
+        3,
+    )
     assert honoured.limits_for("slow.example") == DomainLimits(0.2, 1, 1)
     mine = Config.from_settings(
         Settings({"RELIABILITY_DOMAINS": {"example.com": {"rate": 0.5, "concurrency": 1}}})

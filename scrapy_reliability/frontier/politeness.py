@@ -40,6 +40,10 @@ class Politeness:
     min_factor: float = 0.05
     #: A domain's rate ramps up from 10% to 100% over its first seconds.
     slow_start: float = 0.0
+    #: Requests per domain at once in each worker (Scrapy's own
+    #: CONCURRENT_REQUESTS_PER_DOMAIN, kept by its downloader, not by the claim);
+    #: stored for reports only. 0: not set by the project.
+    per_worker: int = 0
 
     def limits_for(self, domain: str) -> DomainLimits:
         if not self.overrides:
@@ -64,6 +68,7 @@ class Politeness:
                 "jitter": self.jitter,
                 "min_factor": self.min_factor,
                 "slow_start": self.slow_start,
+                "per_worker": self.per_worker,
             },
             sort_keys=True,
         )
@@ -85,6 +90,7 @@ class Politeness:
                 jitter=float(data["jitter"]),
                 min_factor=float(data["min_factor"]),
                 slow_start=float(data["slow_start"]),
+                per_worker=int(data.get("per_worker", 0)),
             )
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise ValueError(f"stored limits are malformed: {exc}") from None

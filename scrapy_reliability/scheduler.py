@@ -80,6 +80,9 @@ from scrapy_reliability.items import DeadLetter, export_to_dead_letter_feeds
 from scrapy_reliability.middlewares import ATTEMPTS_META, RETRY_META, failure_of
 from scrapy_reliability.retry import ErrorClass, RetryPolicy
 from scrapy_reliability.serialization import (
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    CorruptPayload,
     MissingCallback,
     UnserializableRequest,
     check_storable_fields,
@@ -142,7 +145,6 @@ class _Closing:
 
     released: int = 0
     lost: int = 0
-    complete: bool = False
     #: Frontier.unprocessed(): pending/leased rows and unanswered dead rows by class.
     left: dict[str, int] = field(default_factory=dict)
     #: Other live workers of the job.
@@ -222,10 +224,14 @@ class Scheduler(BaseScheduler):
         self._retry_call: Any = None
         self._failing_since: float | None = None
         self._storage_failures = 0
+        # Changes refused alone in a row, nothing written in between.
+        self._alone_failures = 0
         self._give_up_seconds = config.storage_give_up_seconds
         self._stopping = False
         # Other live workers of the job and their spiders' callbacks (mixed versions).
         self._peer_callbacks: dict[str, frozenset[str]] = {}
+        self._peers_at = 0.0
+        self._peers_future: Future[dict[str, frozenset[str]]] | None = None
         self._handed_back: dict[int, int] = {}
         # Seconds this worker waits before claiming again after a claim of only rows
         # it had to hand back; no claim before _foreign_until (unlike _idle_until, a
@@ -397,6 +403,7 @@ class Scheduler(BaseScheduler):
             return
         job, recovered, counts = opened.job, opened.recovered, opened.counts
         self._peer_callbacks = opened.peers
+        self._peers_at = time.time()
         self.job = job
         assert self.frontier is not None
         # SQLite: writes and claims run on the reactor thread when the database
@@ -479,8 +486,6 @@ class Scheduler(BaseScheduler):
             )
 
     def _url_for_log(self) -> str:
-        from scrapy_reliability.frontier.dialect import redact
-
         assert self.frontier is not None
         return redact(self.frontier.engine.url)
 
@@ -492,6 +497,8 @@ class Scheduler(BaseScheduler):
             self._wake_call.cancel()
         if self._unhook is not None:
             self._unhook()
+        if self._retry_call is not None and self._retry_call.active():
+            self._retry_call.cancel()
         if self.frontier is None or self.job is None:
             self._db.shutdown()
             return succeed(None)
@@ -524,33 +531,46 @@ class Scheduler(BaseScheduler):
             # The database is failing: its leases are released if it still answers,
             # and what was not written is fetched again (nothing acked is lost).
             batches = []
-        return self._db.deferred(self._close_frontier, batches, finished).addCallback(
+        # The database thread runs one call at a time, in order: the write in flight
+        # (if any) ends before the final writes start, and they are skipped if it failed.
+        in_flight = self._flush_future
+        return self._db.deferred(self._close_frontier, batches, finished, in_flight).addCallback(
             self._closed, reason, released_ready
         )
 
-    def _close_frontier(self, batches: list[WriteBatch], finished: bool) -> _Closing:
+    def _close_frontier(
+        self,
+        batches: list[WriteBatch],
+        finished: bool,
+        in_flight: Future[WriteResult] | None = None,
+    ) -> _Closing:
         """On the database thread: write what is left, release this worker's leases,
-        finish the job if it is complete, and say what keeps it from being so."""
+        finish the job if it is complete, and say what keeps it from being so.
+
+        The writes stop at the first that fails (the one in flight included): a later
+        one may ack a parent whose children the failed one held. Their requests stay
+        leased and are released below, so the next run fetches them again."""
         assert self.frontier is not None and self.job is not None
         frontier = self.frontier
         closing = _Closing()
         try:
+            failed = in_flight is not None and in_flight.exception() is not None
             for batch in batches:
-                if not batch:
+                if failed or not batch:
                     continue
                 try:
                     closing.lost += len(frontier.write(self.job.id, batch).lost)
                 except SQLAlchemyError as exc:
-                    # Its requests stay leased and are released below: unresolved, not lost.
+                    failed = True
                     logger.error(
                         "Final write of %(n)d frontier changes failed: %(error)s; their "
-                        "requests go back to pending",
+                        "requests, and those of the writes after it, go back to pending",
                         {"n": _units(batch), "error": self._cause(exc)},
                         extra={"spider": self.spider},
                     )
             closing.released = frontier.release_leases_of(self.worker_id)
             if finished:
-                closing.complete = frontier.finish_job_if_complete(self.job.id)
+                frontier.finish_job_if_complete(self.job.id)
                 closing.left = frontier.unprocessed(self.job.id)
                 closing.peers = len(
                     frontier.live_callbacks(
@@ -558,7 +578,7 @@ class Scheduler(BaseScheduler):
                     )
                 )
             frontier.stop_worker(self.worker_id)
-        except (SQLAlchemyError, FrontierError) as exc:
+        except Exception as exc:  # whatever it was, close the rest and say so
             # The database is gone: leases it still holds expire by themselves.
             closing.failed = self._cause(exc)
         finally:
@@ -574,7 +594,7 @@ class Scheduler(BaseScheduler):
         assert self.job is not None
         job = self.job.name
         if closing.failed is not None and self._stopping:
-            self._end_incomplete(reason)  # the reason was logged when stopping
+            self._end_incomplete("frontier_unavailable")  # logged when stopping
         elif closing.failed is not None:
             logger.error(
                 "Could not close job %(job)s cleanly (%(error)s): this worker's leases go back "
@@ -582,7 +602,7 @@ class Scheduler(BaseScheduler):
                 {"job": job, "error": closing.failed},
                 extra={"spider": self.spider},
             )
-            self._end_incomplete(reason)
+            self._end_incomplete("frontier_unavailable")
         elif reason != "finished":
             logger.info(
                 "Closed (%(reason)s): %(released)d leased requests released as pending "
@@ -596,7 +616,7 @@ class Scheduler(BaseScheduler):
             self.stats.set_value("reliability/unprocessed", sum(unanswered.values()))
             for name, count in unanswered.items():
                 self.stats.set_value(f"reliability/unprocessed/{name}", count)
-            if waiting and closing.peers:
+            if waiting and closing.peers and not unanswered:
                 logger.info(
                     "This worker is done; %(n)d requests of job %(job)s remain with %(peers)d "
                     "other live workers",
@@ -984,6 +1004,7 @@ class Scheduler(BaseScheduler):
         if exc is not None:
             self._claim_failed(exc)
             return
+        self._storage_ok()
         self._take_claimed(future.result())
 
     def _claim_failed(self, exc: BaseException) -> None:
@@ -1044,6 +1065,9 @@ class Scheduler(BaseScheduler):
         self._leases[row.id] = lease
         try:
             request = payload_to_request(row.payload, self.spider)
+            retry_times = request.meta.get("retry_times", 0)
+            if isinstance(retry_times, bool) or not isinstance(retry_times, int):
+                raise CorruptPayload(f"meta['retry_times'] is not a whole number: {retry_times!r}")
         except MissingCallback as exc:
             return self._hand_back_or_bury(lease, exc)
         except Exception as exc:  # a stored row that cannot be rebuilt costs that row only
@@ -1056,7 +1080,7 @@ class Scheduler(BaseScheduler):
             return False
         request.meta[TASK_META] = row.id
         request.meta[ATTEMPTS_META] = row.attempts
-        lease.retry_times = int(request.meta.get("retry_times", 0))
+        lease.retry_times = retry_times
         lease.attempts = row.attempts
         lease.first_failed_at = row.first_failed_at
         lease.url = request.url
@@ -1074,6 +1098,12 @@ class Scheduler(BaseScheduler):
         name = exc.name
         takers = [w for w, names in self._peer_callbacks.items() if name in names]
         handed = self._handed_back.get(lease.task_id, 0)
+        stale = time.time() - self._peers_at > 1.0
+        if not takers and stale:
+            # A worker of the other version may have started since the last heartbeat:
+            # look again before burying (the row is handed back meanwhile).
+            self._refresh_peers()
+            takers = ["(looking)"]
         if takers and handed < _MAX_HAND_BACKS:
             self._handed_back[lease.task_id] = handed + 1
             if handed == 0:
@@ -1091,8 +1121,9 @@ class Scheduler(BaseScheduler):
                     lease.task_id,
                     lease.token,
                     Outcome.RELEASE,
-                    # Due at once for the others; this worker backs off claiming.
-                    not_before=time.time(),
+                    # Due soon for the others; later each time this worker gets it
+                    # back (and it claims less often while it gets only such rows).
+                    not_before=time.time() + min(0.05 * 2**handed, 5.0),
                 )
             )
             self._schedule_flush()
@@ -1104,6 +1135,25 @@ class Scheduler(BaseScheduler):
             f"needs callback {name!r}, which this spider lacks and no live worker of the job has",
         )
         return False
+
+    def _refresh_peers(self) -> None:
+        if self.job is None or self._closing or self._peers_future is not None:
+            return
+        assert self.frontier is not None
+        frontier, job_id = self.frontier, self.job.id
+
+        def read() -> dict[str, frozenset[str]]:
+            return frontier.live_callbacks(
+                job_id, me=self.worker_id, alive_within=self.config.lease_seconds
+            )
+
+        def done(future: Future[dict[str, frozenset[str]]]) -> None:
+            self._peers_future = None
+            if future.exception() is None:
+                self._peer_callbacks = future.result()
+                self._peers_at = time.time()
+
+        self._peers_future = self._db.call_soon(read, done)
 
     def _bury_unanswered(self, lease: _Lease, error_class: str, error: str, why: str) -> None:
         """A claimed row no server will answer: a dead letter of its own class (see
@@ -1185,7 +1235,7 @@ class Scheduler(BaseScheduler):
             status=status,
             attempts=lease.attempts + 1,
             error=error,
-            domain=urlparse_cached(Request(lease.url)).hostname or "",
+            domain=lease.domain,
             method=lease.method,
             first_failed_at=lease.first_failed_at or now,
             last_failed_at=now,
@@ -1283,7 +1333,7 @@ class Scheduler(BaseScheduler):
         self._flush_scheduled = False
         if self._flush_future is not None or self.job is None or self._closing:
             return
-        if not (self._split or self._batch):
+        if self._stopping or not (self._split or self._batch):
             return
         wait = self._retry_at - time.time()
         if wait > 0:
@@ -1343,11 +1393,10 @@ class Scheduler(BaseScheduler):
         if exc is not None:
             self._write_failed(exc, batch, requests)
             if carried:
-                self._claim_failed(exc)
+                self._claim_wanted = True  # again with the next write (counted once)
             return
         result = future.result()
-        self._failing_since = None
-        self._storage_failures = 0
+        self._storage_ok()
         try:
             self._absorb(result, batch, requests)
         except Exception:
@@ -1378,6 +1427,13 @@ class Scheduler(BaseScheduler):
             return
         parts = _halves(batch)
         if len(parts) == 1:
+            self._alone_failures += 1
+            if self._alone_failures >= _SYSTEMATIC_FAILURES:
+                # Change after change refused, nothing written in between: not a bad
+                # value but a database that refuses everything (permissions, a bug).
+                self._split.appendleft((batch, requests))
+                self._stop_for_storage(exc, 0.0, systematic=True)
+                return
             self._refuse_alone(batch, requests, exc)
         else:
             if not self._split:  # once per failed batch, not per half
@@ -1397,6 +1453,12 @@ class Scheduler(BaseScheduler):
         if self.frontier is not None:
             line = scrub(line, self.frontier.engine.url)
         return line
+
+    def _storage_ok(self) -> None:
+        """A database call succeeded: no failure streak is going on."""
+        self._failing_since = None
+        self._storage_failures = 0
+        self._alone_failures = 0
 
     def _storage_trouble(self, exc: BaseException) -> bool:
         """Count a failure of the database itself; stop the crawl once it has
@@ -1425,13 +1487,21 @@ class Scheduler(BaseScheduler):
             )
         return False
 
-    def _stop_for_storage(self, exc: BaseException, lasted: float) -> None:
+    def _stop_for_storage(
+        self, exc: BaseException, lasted: float, *, systematic: bool = False
+    ) -> None:
         if self._stopping:
             return
         self._stopping = True
         where = self._url_for_log()
         if isinstance(exc, StorageLost):
             message = str(exc)
+        elif systematic:
+            message = (
+                f"The frontier database {where} refused {_SYSTEMATIC_FAILURES} changes in a "
+                f"row, each alone: {self._cause(exc)}. Fix it (permissions, schema) and run "
+                "the same command again: the crawl resumes where it stopped."
+            )
         else:
             message = (
                 f"The frontier database {where} failed for {lasted:.0f} s: {self._cause(exc)}. "
@@ -1549,7 +1619,7 @@ class Scheduler(BaseScheduler):
             fingerprint=key,
             url=storable_text(url, _URL_RECORD_LIMIT),
             domain=storable_text(_hostname(url), 255),
-            priority=max(_INT32_MIN, min(_INT32_MAX, priority)),
+            priority=max(MIN_PRIORITY, min(MAX_PRIORITY, priority)),
             payload=_stripped_payload(request, self.spider),
             reason=reason,
         )
@@ -1673,7 +1743,9 @@ class Scheduler(BaseScheduler):
                 extra={"spider": self.spider},
             )
             return
+        self._storage_ok()
         _renewed, expired, self._peer_callbacks = future.result()
+        self._peers_at = time.time()
         if self.frontier is not None:
             self.stats.set_value("reliability/db/round_trips", self.frontier.round_trips)
         if expired:
@@ -1721,9 +1793,11 @@ class Scheduler(BaseScheduler):
 # A row whose callback this worker lacks goes back for a worker that has it, at most
 # this many times.
 _MAX_HAND_BACKS = 1000
+# This many changes refused one after the other, each alone, with no write in between:
+# the database refuses everything, not one value; the crawl stops.
+_SYSTEMATIC_FAILURES = 25
 # A refused request's URL is kept up to this many characters.
 _URL_RECORD_LIMIT = 8192
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 def _units(batch: WriteBatch) -> int:
@@ -1797,7 +1871,7 @@ def _stripped_payload(request: Request | None, spider: Spider) -> str:
             method=request.method,
             callback=request.callback,
             errback=request.errback,
-            priority=max(_INT32_MIN, min(_INT32_MAX, request.priority)),
+            priority=max(MIN_PRIORITY, min(MAX_PRIORITY, request.priority)),
             dont_filter=request.dont_filter,
         )
         return request_to_payload(bare, spider)

@@ -132,6 +132,7 @@ def _corrupt_pending_rows(db: Path, how_many: int) -> list[str]:
         ),
         '"just a string"',
         "null",
+        json.dumps({"v": 1, "url": "http://127.0.0.1/x", "meta": {"retry_times": "abc"}}),
     ]
     conn = sqlite3.connect(db)
     try:

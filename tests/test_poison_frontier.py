@@ -68,3 +68,22 @@ def test_fifty_burials_in_one_process_write_fifty_dead_letters(frontier: Frontie
     assert {d.first_failed_at for d in stored} == {NOW}
     assert all(json.loads(d.payload)["callback"] == "parse" for d in stored)
     print("dead letters after 100 burials in one process:", len(stored))
+
+
+def test_a_worker_row_with_unreadable_callbacks_counts_as_having_none(frontier: Frontier) -> None:
+    """Worker rows are read back from the database: whatever their callbacks column
+    holds (another version's format, a manual edit), the live workers are listed."""
+    from sqlalchemy import update
+
+    from scrapy_reliability.frontier.schema import workers
+
+    job_id = frontier.open_job("workers", SCHEME).id
+    for n, stored in enumerate(['["parse", 5, null]', "5", "null", "true", "{not json", None]):
+        frontier.register_worker(job_id, f"w{n}", "host", 1000 + n, now=NOW)
+        with frontier.engine.begin() as conn:
+            conn.execute(update(workers).where(workers.c.id == f"w{n}").values(callbacks=stored))
+    found = frontier.live_callbacks(job_id, me="me", alive_within=60, now=NOW + 1)
+    assert found == {
+        "w0": frozenset({"parse"}),
+        **{f"w{n}": frozenset() for n in range(1, 6)},
+    }

@@ -94,7 +94,14 @@ def is_storage_failure(exc: BaseException) -> bool:
     message = str(getattr(exc, "orig", None) or exc).lower()
     return any(
         marker in message
-        for marker in ("no such table", "does not exist", "readonly", "read-only", "closed")
+        for marker in (
+            "no such table",
+            "does not exist",
+            "readonly",
+            "read-only",
+            "closed",
+            "permission denied",
+        )
     )
 
 
@@ -823,9 +830,11 @@ class Frontier:
         for worker_id, raw in rows:
             try:
                 names = json.loads(raw) if raw else []
-                found[worker_id] = frozenset(str(n) for n in names if isinstance(n, str))
             except ValueError:
-                found[worker_id] = frozenset()
+                names = []
+            if not isinstance(names, list):  # a row written by something else
+                names = []
+            found[worker_id] = frozenset(n for n in names if isinstance(n, str))
         return found
 
     def unprocessed(self, job_id: int) -> dict[str, int]:

@@ -191,7 +191,8 @@ class Config:
     auto_migrate: bool = False
     sqlite_busy_timeout: float = 30.0
     #: A database failure (server gone, disk full) lasting this long stops the crawl.
-    storage_give_up_seconds: float = 60.0
+    # 45: with retries at most 5 s apart, the crawl has stopped within a minute.
+    storage_give_up_seconds: float = 45.0
     dedup_cache_size: int = 50_000
     #: Requests handed to the engine and not yet acked, at most; None means
     #: CONCURRENT_REQUESTS. It bounds what a crash fetches again.

@@ -420,7 +420,13 @@ def test_a_crashed_browser_loses_no_page(tmp_path: Path, chromium: str):
         for pid in browsers:
             with contextlib.suppress(ProcessLookupError):  # a helper that already exited
                 os.kill(pid, signal.SIGKILL)
-        assert proc.wait(timeout=300) == 0, crawl.log()[-3000:]
+        try:
+            code = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # never leave a hung crawl (and its browser) behind
+            proc.wait()
+            raise AssertionError(f"the crawl hung:\n{crawl.log()[-3000:]}") from None
+        assert code == 0, crawl.log()[-3000:]
         hits = page_hits(site.log_path)
     items = items_by_page(tmp_path / "items.jsonl")
     assert set(items) == {(h, i) for h in config.hosts for i in range(12)}

@@ -92,6 +92,7 @@ def test_requests_no_backend_can_store_cost_only_themselves(
     assert "'finish_reason': 'incomplete'" in log, log[-3000:]
     assert "is not complete" in log
     assert "Traceback" not in log, log[-5000:]
+    assert "DeprecationWarning" not in log, log[-5000:]
     status = status_of(crawl, db)
     counts = status["counts"]
     assert isinstance(counts, dict)
@@ -235,6 +236,7 @@ def test_two_spider_versions_on_one_job_lose_nothing(tmp_path: Path, postgres_ur
             assert "not a method" not in log and "incompatible" not in log, log[-3000:]
             assert "'finish_reason': 'finished'" in log
         assert "runs another version of the spider" in b.log()
+        assert "Joining job mixed" in b.log()
         handed = sum(
             int(line.split(":")[1].strip().rstrip(",}"))
             for log in (a.log(), b.log())

@@ -739,7 +739,9 @@ def request_event(event: reliability_signals.Settled, attempt: Any) -> dict[str,
 
 
 def _unbuildable(event: reliability_signals.Settled) -> bool:
-    return (event.error or "").startswith("cannot rebuild request")
+    # Rows that never reached the downloader: their stored form could not be rebuilt,
+    # or no worker's spider has their callback (see UNPROCESSED_CLASSES).
+    return event.error_class in ("corrupt", "incompatible")
 
 
 def _canonical(url: str) -> str:

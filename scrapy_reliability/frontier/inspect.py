@@ -9,7 +9,6 @@ transaction. Plain data in and out: nothing here knows Scrapy.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, delete, func, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from scrapy_reliability.frontier import dialect
+from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.politeness import DomainState, Politeness
 from scrapy_reliability.frontier.schema import (
     DEAD,
@@ -175,21 +174,6 @@ class Probe:
     #: Paused domains and when their pause ends.
     paused: dict[str, float] = field(default_factory=dict)
     oldest_pending_at: float | None = None
-
-
-@contextlib.contextmanager
-def reading(engine: Engine) -> Iterator[Connection]:
-    """A read-only transaction whose statements all see one snapshot of the
-    database, so that the figures of one report agree with each other. SQLite in
-    WAL mode keeps the snapshot of a transaction's first read (and takes no write
-    lock); PostgreSQL needs REPEATABLE READ for that (its default, READ COMMITTED,
-    takes a new snapshot per statement), and a read-only one never fails to
-    serialize."""
-    with engine.connect().execution_options(**dialect.snapshot_options(engine)) as conn:
-        try:
-            yield conn
-        finally:
-            conn.rollback()
 
 
 class Inspector:

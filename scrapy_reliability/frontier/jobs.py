@@ -9,20 +9,21 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy import Connection, func, select, update
 
+from scrapy_reliability.frontier import operations
 from scrapy_reliability.frontier.errors import JobFinished, JobMismatch
 from scrapy_reliability.frontier.records import UNPROCESSED_CLASSES, Job
+from scrapy_reliability.frontier.reports import DeadFilter
 from scrapy_reliability.frontier.schema import (
     DEAD,
     JOB_FINISHED,
     JOB_RUNNING,
     LEASED,
     PENDING,
-    dead_letters,
     jobs,
     requests,
     workers,
 )
-from scrapy_reliability.frontier.transitions import INSERT_CHUNK, cleared_lease
+from scrapy_reliability.frontier.transitions import cleared_lease
 
 # -- jobs ---------------------------------------------------------------------------------
 
@@ -121,12 +122,13 @@ def unprocessed(conn: Connection, job_id: int) -> dict[str, int]:
 
 
 def counts(conn: Connection, job_id: int) -> dict[str, int]:
+    """Rows of the job by state (states without rows left out)."""
     rows = conn.execute(
         select(requests.c.state, func.count())
         .where(requests.c.job_id == job_id)
         .group_by(requests.c.state)
     ).all()
-    return {state: count for state, count in rows}
+    return {str(state): int(count) for state, count in rows}
 
 
 def record_limits(conn: Connection, job_id: int, limits: str) -> None:
@@ -148,36 +150,11 @@ def reopen_dead(
     ).scalar()
     if job_id is None:
         return None
-    chosen = select(dead_letters.c.request_id).where(
-        dead_letters.c.job_id == job_id,
-        dead_letters.c.kind == "request",
-        dead_letters.c.request_id.is_not(None),
-    )
-    if error_classes:
-        chosen = chosen.where(dead_letters.c.error_class.in_(list(error_classes)))
-    if domains:
-        chosen = chosen.where(dead_letters.c.domain.in_(list(domains)))
-    if failed_before is not None:
-        chosen = chosen.where(dead_letters.c.last_failed_at <= failed_before)
-    ids = list(conn.execute(chosen).scalars())
-    reopened = 0
-    for start in range(0, len(ids), INSERT_CHUNK):
-        chunk = ids[start : start + INSERT_CHUNK]
-        reopened += conn.execute(
-            update(requests)
-            .where(requests.c.id.in_(chunk), requests.c.state == DEAD)
-            .values(state=PENDING, attempts=0, not_before=0.0, updated_at=now)
-        ).rowcount
-        conn.execute(
-            update(dead_letters)
-            .where(dead_letters.c.request_id.in_(chunk), dead_letters.c.kind == "request")
-            .values(passes=dead_letters.c.passes + 1)
-        )
-    if reopened:
-        conn.execute(
-            update(jobs).where(jobs.c.id == job_id).values(state=JOB_RUNNING, finished_at=None)
-        )
-    return job_id, reopened
+    selection = DeadFilter(tuple(error_classes), tuple(domains), failed_before)
+    ids = list(conn.execute(operations.dead_requests(job_id, selection)).scalars())
+    # Unlike a requeue, a retry pass keeps the dead letters: a request buried again
+    # keeps its first failure, and its letter counts the passes.
+    return job_id, operations.reopen(conn, job_id, ids, now, letters=operations.count_pass)
 
 
 # -- workers ------------------------------------------------------------------------------

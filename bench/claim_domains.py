@@ -40,7 +40,7 @@ def run_case(url: str, domains: int, rows: int, batch: int) -> float:
             for d in range(domains)
         ]
         for start in range(0, len(new), 5000):
-            frontier.add(job, new[start : start + 5000])
+            frontier.write(job, WriteBatch(inserts=new[start : start + 5000]))
         claimed = 0
         started = time.perf_counter()
         while True:

@@ -12,6 +12,12 @@ from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred
 
+# Raised by the frontier (which must not import Twisted), caught here; still
+# importable from this module.
+from scrapy_reliability.frontier.errors import WouldWait
+
+__all__ = ["DatabaseThread", "WouldWait", "the_reactor"]
+
 T = TypeVar("T")
 
 
@@ -36,11 +42,6 @@ def _asyncio_reactor() -> bool:
     from scrapy.utils.reactor import is_asyncio_reactor_installed
 
     return is_asyncio_reactor_installed()
-
-
-class WouldWait(Exception):
-    """Raised by a call run inline that would have to wait (a lock held elsewhere):
-    it changed nothing, and runs on the database thread instead."""
 
 
 class DatabaseThread:

@@ -24,6 +24,7 @@ from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transitio
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 from scrapy_reliability.frontier.schema import dead_letters, jobs, requests
 from tests.crawling import REPO
+from tests.frontier_helpers import add, dead_letters_of, lease_of
 
 JOB = "shop"
 SCHEME = "scrapy.utils.request.RequestFingerprinter"
@@ -150,7 +151,7 @@ class States:
             self.ids[state] = next(iter(self._add(URLS[state])))
 
     def _add(self, url: str) -> list[int]:
-        self.frontier.add(self.job.id, [new(url)])
+        add(self.frontier, self.job.id, [new(url)])
         with self.frontier.engine.connect() as conn:
             return list(
                 conn.execute(
@@ -245,24 +246,24 @@ def test_dead_export_requeue_and_purge(states: States, frontier_url: str, tmp_pa
         frontier_cmd(tmp_path, "requeue", *common, "--domain", "dead.test", "--dry-run", "--json")
     )
     assert dry["requeued"] == 1
-    assert states.frontier.lease_of(states.ids["dead"])[0] == "dead"
+    assert lease_of(states.frontier, states.ids["dead"])[0] == "dead"
     result = frontier_cmd(tmp_path, "requeue", *common, "--domain", "dead.test")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Requeued 1 dead requests" in result.stdout
-    assert states.frontier.lease_of(states.ids["dead"])[0] == "pending"
-    assert states.frontier.dead_letters_of(states.job.id) == []
+    assert lease_of(states.frontier, states.ids["dead"])[0] == "pending"
+    assert dead_letters_of(states.frontier, states.job.id) == []
 
     # purge --pending without --yes only counts; with it the rows become ignored.
     dry = frontier_cmd(tmp_path, "purge", *common, "--pending", "--domain", "due.test")
     assert "Would purge 1 pending requests" in dry.stdout and "--yes" in dry.stdout
-    assert states.frontier.lease_of(states.ids["due"])[0] == "pending"
+    assert lease_of(states.frontier, states.ids["due"])[0] == "pending"
     done = as_json(
         frontier_cmd(
             tmp_path, "purge", *common, "--pending", "--domain", "due.test", "--yes", "--json"
         )
     )
     assert done["purged"] == {"pending": 1}
-    assert states.frontier.lease_of(states.ids["due"])[0] == "ignored"
+    assert lease_of(states.frontier, states.ids["due"])[0] == "ignored"
 
     # The whole job: refused while its worker is live, done with --force. "Live" is
     # "heard from within a lease": with an hour-long lease the worker registered at the
@@ -385,7 +386,7 @@ def test_status_counts_come_from_one_snapshot(frontier_url: str) -> None:
     try:
         job = frontier.open_job(JOB, SCHEME)
         frontier.register_worker(job.id, WORKER, "host", 1234)
-        frontier.add(job.id, [new(f"http://busy.test/{i}") for i in range(6)])
+        add(frontier, job.id, [new(f"http://busy.test/{i}") for i in range(6)])
         frontier.claim(job.id, WORKER, 1, lease_seconds=LEASE)
         inspector = Inspector(engine)
         info = inspector.latest_job(JOB)
@@ -423,7 +424,7 @@ def test_explain_status_and_domains_report_the_limits_the_crawl_runs_with(
     frontier = Frontier.connect(frontier_url, exclusive=False)
     try:
         job = frontier.open_job(JOB, SCHEME)
-        frontier.add(job.id, [new("http://fast.test/1")])
+        add(frontier, job.id, [new("http://fast.test/1")])
         crawl_limits = Politeness(
             DomainLimits(rate=0.0, burst=1, concurrency=8),
             overrides={"slow.test": DomainLimits(rate=0.5, burst=1, concurrency=1)},

@@ -32,6 +32,7 @@ from scrapy_reliability.frontier import (
     WriteResult,
 )
 from scrapy_reliability.frontier.schema import requests, workers
+from tests.frontier_helpers import add, has_unfinished, job_state, lease_of, settle
 
 NOW = 1_000_000.0
 LEASE = 60.0
@@ -85,18 +86,18 @@ def job_id(frontier: Frontier) -> int:
 
 
 def test_add_returns_only_new_fingerprints(frontier: Frontier, job_id: int) -> None:
-    assert frontier.add(job_id, [req("a"), req("b")]) == {"a", "b"}
-    assert frontier.add(job_id, [req("b"), req("c")]) == {"c"}
-    assert frontier.add(job_id, [req("a"), req("b"), req("c")]) == frozenset()
+    assert add(frontier, job_id, [req("a"), req("b")]) == {"a", "b"}
+    assert add(frontier, job_id, [req("b"), req("c")]) == {"c"}
+    assert add(frontier, job_id, [req("a"), req("b"), req("c")]) == frozenset()
     # The same fingerprint twice in one batch is one row.
-    assert frontier.add(job_id, [req("d"), req("d")]) == {"d"}
+    assert add(frontier, job_id, [req("d"), req("d")]) == {"d"}
     assert frontier.counts(job_id) == {"pending": 4}
 
 
 def test_duplicate_is_ignored_not_overwritten(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req("a", priority=0)])
+    add(frontier, job_id, [req("a", priority=0)])
     dup = NewRequest("a", 9, "example.com", "https://example.com/other", '{"v": 2}', 0.0)
-    assert frontier.add(job_id, [dup]) == frozenset()
+    assert add(frontier, job_id, [dup]) == frozenset()
     (claimed,) = claim(frontier, job_id).rows
     assert claimed.priority == 0
     assert json.loads(claimed.payload)["url"] == "https://example.com/a"
@@ -105,9 +106,9 @@ def test_duplicate_is_ignored_not_overwritten(frontier: Frontier, job_id: int) -
 def test_dedup_key_is_per_job(frontier: Frontier, job_id: int) -> None:
     other = frontier.open_job("other-spider", SCHEME, now=NOW).id
     assert other != job_id
-    assert frontier.add(job_id, [req("a")]) == {"a"}
-    assert frontier.add(other, [req("a")]) == {"a"}
-    assert frontier.add(other, [req("a")]) == frozenset()
+    assert add(frontier, job_id, [req("a")]) == {"a"}
+    assert add(frontier, other, [req("a")]) == {"a"}
+    assert add(frontier, other, [req("a")]) == frozenset()
     assert frontier.counts(job_id) == {"pending": 1}
     assert frontier.counts(other) == {"pending": 1}
     # Claims see only their own job's rows.
@@ -119,8 +120,8 @@ def test_dedup_key_is_per_job(frontier: Frontier, job_id: int) -> None:
 
 def test_add_spanning_several_insert_statements(frontier: Frontier, job_id: int) -> None:
     # More rows than one INSERT statement carries, a fifth of them already known.
-    frontier.add(job_id, [req(f"r{i}") for i in range(0, 1000, 5)])
-    inserted = frontier.add(job_id, [req(f"r{i}") for i in range(1000)])
+    add(frontier, job_id, [req(f"r{i}") for i in range(0, 1000, 5)])
+    inserted = add(frontier, job_id, [req(f"r{i}") for i in range(1000)])
     assert inserted == {f"r{i}" for i in range(1000) if i % 5}
     assert frontier.counts(job_id) == {"pending": 1000}
 
@@ -132,13 +133,13 @@ ORDERED = [("p0a", 0), ("p5a", 5), ("p0b", 0), ("p5b", 5), ("p1", 1)]
 
 def test_claim_priority_then_fifo(frontier: Frontier, job_id: int) -> None:
     for fp, prio in ORDERED:  # one by one: insertion order is unambiguous
-        frontier.add(job_id, [req(fp, priority=prio)])
+        add(frontier, job_id, [req(fp, priority=prio)])
     assert fps(claim(frontier, job_id, limit=10)) == ["p5a", "p5b", "p1", "p0a", "p0b"]
 
 
 def test_claim_priority_then_fifo_across_limited_claims(frontier: Frontier, job_id: int) -> None:
     for fp, prio in ORDERED:
-        frontier.add(job_id, [req(fp, priority=prio)])
+        add(frontier, job_id, [req(fp, priority=prio)])
     # With a limit, the database must pick the right rows, not only sort what it picked.
     assert fps(claim(frontier, job_id, limit=2)) == ["p5a", "p5b"]
     assert fps(claim(frontier, job_id, limit=2)) == ["p1", "p0a"]
@@ -148,25 +149,25 @@ def test_claim_priority_then_fifo_across_limited_claims(frontier: Frontier, job_
 
 def test_claim_newest_first_within_priority(frontier: Frontier, job_id: int) -> None:
     for fp, prio in ORDERED:
-        frontier.add(job_id, [req(fp, priority=prio)])
+        add(frontier, job_id, [req(fp, priority=prio)])
     assert fps(claim(frontier, job_id, limit=2, newest_first=True)) == ["p5b", "p5a"]
     assert fps(claim(frontier, job_id, limit=2, newest_first=True)) == ["p1", "p0b"]
     assert fps(claim(frontier, job_id, limit=2, newest_first=True)) == ["p0a"]
 
 
 def test_claim_respects_limit_and_leases(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req(f"r{i}") for i in range(10)])
+    add(frontier, job_id, [req(f"r{i}") for i in range(10)])
     result = claim(frontier, job_id, "w1", limit=3, lease=30.0)
     assert len(result.rows) == 3
     assert len({c.token for c in result.rows}) == 1
     assert frontier.counts(job_id) == {"pending": 7, "leased": 3}
     for c in result.rows:
         assert c.attempts == 0
-        assert frontier.lease_of(c.id) == ("leased", "w1", c.token, NOW + 30.0)
+        assert lease_of(frontier, c.id) == ("leased", "w1", c.token, NOW + 30.0)
 
 
 def test_leased_rows_are_not_claimed_again(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req(f"r{i}") for i in range(5)])
+    add(frontier, job_id, [req(f"r{i}") for i in range(5)])
     first = claim(frontier, job_id, "w1")
     assert len(first.rows) == 5
     other = claim(frontier, job_id, "w2")
@@ -181,8 +182,8 @@ def test_leased_rows_are_not_claimed_again(frontier: Frontier, job_id: int) -> N
 def test_future_row_never_blocks_a_due_one(frontier: Frontier, job_id: int) -> None:
     # The future row has the higher priority and the older id: it still must not be
     # claimed, nor hide the row that is due.
-    frontier.add(job_id, [req("later", priority=100, not_before=NOW + 100)])
-    frontier.add(job_id, [req("due", priority=0, not_before=NOW - 1)])
+    add(frontier, job_id, [req("later", priority=100, not_before=NOW + 100)])
+    add(frontier, job_id, [req("due", priority=0, not_before=NOW - 1)])
     assert fps(claim(frontier, job_id, limit=1)) == ["due"]
     nothing = claim(frontier, job_id, "w2")
     assert nothing.rows == []
@@ -193,7 +194,7 @@ def test_future_row_never_blocks_a_due_one(frontier: Frontier, job_id: int) -> N
 
 
 def test_next_due_is_the_earliest_pending(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req("a", not_before=NOW + 50), req("b", not_before=NOW + 20)])
+    add(frontier, job_id, [req("a", not_before=NOW + 50), req("b", not_before=NOW + 20)])
     result = claim(frontier, job_id)
     assert result.rows == []
     assert result.next_due == NOW + 20
@@ -233,7 +234,7 @@ FINAL_STATE = {
 def test_fencing_expired_lease_cannot_transition(
     frontier: Frontier, job_id: int, outcome: Outcome
 ) -> None:
-    frontier.add(job_id, [req("a")])
+    add(frontier, job_id, [req("a")])
     (old,) = claim(frontier, job_id, "w1", lease=10.0).rows
     assert frontier.expire(job_id, now=NOW + 11) == 1
     (new,) = claim(frontier, job_id, "w2", now=NOW + 11, lease=10.0).rows
@@ -241,7 +242,7 @@ def test_fencing_expired_lease_cannot_transition(
     assert new.token != old.token
 
     with pytest.raises(LeaseLost) as info:
-        frontier.settle(_transition(outcome, old.id, old.token, "w1"), now=NOW + 12)
+        settle(frontier, _transition(outcome, old.id, old.token, "w1"), now=NOW + 12)
     assert info.value.task_ids == [old.id]
     result = frontier.write(
         job_id, WriteBatch(transitions=[_transition(outcome, old.id, old.token, "w1")])
@@ -250,15 +251,15 @@ def test_fencing_expired_lease_cannot_transition(
     assert result.settled == []
 
     # The row is untouched: still w2's, with w2's token, payload and attempts.
-    assert frontier.lease_of(old.id) == ("leased", "w2", new.token, NOW + 21)
+    assert lease_of(frontier, old.id) == ("leased", "w2", new.token, NOW + 21)
     stored = row(frontier, old.id)
     assert stored.payload == new.payload
     assert stored.attempts == 0
     assert stored.last_error is None
     assert stored.last_status is None
 
-    frontier.settle(_transition(outcome, new.id, new.token, "w2"), now=NOW + 13)
-    state, worker, token, expires = frontier.lease_of(new.id)
+    settle(frontier, _transition(outcome, new.id, new.token, "w2"), now=NOW + 13)
+    state, worker, token, expires = lease_of(frontier, new.id)
     assert (state, worker, token, expires) == (FINAL_STATE[outcome], None, None, None)
     stored = row(frontier, new.id)
     if outcome is Outcome.RESCHEDULE:
@@ -269,28 +270,28 @@ def test_fencing_expired_lease_cannot_transition(
 
 
 def test_fencing_after_the_new_holder_settled(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req("a")])
+    add(frontier, job_id, [req("a")])
     (old,) = claim(frontier, job_id, "w1", lease=10.0).rows
     frontier.expire(job_id, now=NOW + 11)
     (new,) = claim(frontier, job_id, "w2", now=NOW + 11).rows
-    frontier.settle(Transition(new.id, new.token, Outcome.DONE), now=NOW + 12)
+    settle(frontier, Transition(new.id, new.token, Outcome.DONE), now=NOW + 12)
     for outcome in Outcome:
         with pytest.raises(LeaseLost):
-            frontier.settle(_transition(outcome, old.id, old.token, "w1"), now=NOW + 13)
+            settle(frontier, _transition(outcome, old.id, old.token, "w1"), now=NOW + 13)
     assert frontier.counts(job_id) == {"done": 1}
 
 
 def test_fencing_expired_but_not_reclaimed(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req("a")])
+    add(frontier, job_id, [req("a")])
     (old,) = claim(frontier, job_id, "w1", lease=10.0).rows
     frontier.expire(job_id, now=NOW + 11)
     with pytest.raises(LeaseLost):
-        frontier.settle(Transition(old.id, old.token, Outcome.DONE), now=NOW + 12)
-    assert frontier.lease_of(old.id) == ("pending", None, None, None)
+        settle(frontier, Transition(old.id, old.token, Outcome.DONE), now=NOW + 12)
+    assert lease_of(frontier, old.id) == ("pending", None, None, None)
 
 
 def test_fencing_reports_only_the_lost_rows(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req("a"), req("b")])
+    add(frontier, job_id, [req("a"), req("b")])
     a, b = claim(frontier, job_id, "w1").rows
     result = frontier.write(
         job_id,
@@ -303,15 +304,15 @@ def test_fencing_reports_only_the_lost_rows(frontier: Frontier, job_id: int) -> 
     )
     assert result.settled == [a.id]
     assert result.lost == [b.id]
-    assert frontier.lease_of(a.id)[0] == "done"
-    assert frontier.lease_of(b.id) == ("leased", "w1", b.token, NOW + LEASE)
+    assert lease_of(frontier, a.id)[0] == "done"
+    assert lease_of(frontier, b.id) == ("leased", "w1", b.token, NOW + LEASE)
 
 
 # -- write(): inserts and transitions together -------------------------------------------------
 
 
 def test_write_inserts_children_and_acks_parent(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req("parent"), req("known")])
+    add(frontier, job_id, [req("parent"), req("known")])
     (parent,) = claim(frontier, job_id, "w1", limit=1).rows
     assert parent.fingerprint == "parent"
     result = frontier.write(
@@ -329,7 +330,7 @@ def test_write_inserts_children_and_acks_parent(frontier: Frontier, job_id: int)
 
 
 def test_write_is_one_transaction(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req("parent")])
+    add(frontier, job_id, [req("parent")])
     (parent,) = claim(frontier, job_id, "w1").rows
     # The transition violates the attempts >= 0 CHECK: the whole batch must roll back,
     # children included, and the parent stays leased.
@@ -344,13 +345,13 @@ def test_write_is_one_transaction(frontier: Frontier, job_id: int) -> None:
     with pytest.raises(IntegrityError):
         frontier.write(job_id, WriteBatch(inserts=[req("child")], transitions=[bad]))
     assert frontier.counts(job_id) == {"leased": 1}
-    assert frontier.lease_of(parent.id) == ("leased", "w1", parent.token, NOW + LEASE)
+    assert lease_of(frontier, parent.id) == ("leased", "w1", parent.token, NOW + LEASE)
     # The child was never committed: adding it now inserts it.
-    assert frontier.add(job_id, [req("child")]) == {"child"}
+    assert add(frontier, job_id, [req("child")]) == {"child"}
 
 
 def test_reschedule_is_the_same_row_back_to_pending(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req("a")])
+    add(frontier, job_id, [req("a")])
     (first,) = claim(frontier, job_id, "w1").rows
     result = frontier.write(
         job_id,
@@ -372,7 +373,7 @@ def test_reschedule_is_the_same_row_back_to_pending(frontier: Frontier, job_id: 
         now=NOW + 1,
     )
     assert result.settled == [first.id]
-    assert frontier.lease_of(first.id) == ("pending", None, None, None)
+    assert lease_of(frontier, first.id) == ("pending", None, None, None)
     stored = row(frontier, first.id)
     assert (stored.url, stored.payload, stored.attempts) == (
         "https://example.com/redirected",
@@ -381,7 +382,7 @@ def test_reschedule_is_the_same_row_back_to_pending(frontier: Frontier, job_id: 
     )
     assert (stored.not_before, stored.last_status, stored.last_error) == (NOW + 30, 503, "HTTP 503")
     # Not a new row, and the retry does not trip its own dedup.
-    assert frontier.add(job_id, [req("a")]) == frozenset()
+    assert add(frontier, job_id, [req("a")]) == frozenset()
     assert frontier.counts(job_id) == {"pending": 1}
 
     early = claim(frontier, job_id, now=NOW + 29)
@@ -394,9 +395,9 @@ def test_reschedule_is_the_same_row_back_to_pending(frontier: Frontier, job_id: 
 
 
 def test_dead_keeps_status_and_error(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req("a")])
+    add(frontier, job_id, [req("a")])
     (c,) = claim(frontier, job_id).rows
-    frontier.settle(Transition(c.id, c.token, Outcome.DEAD, status=404, error="x" * 10_000))
+    settle(frontier, Transition(c.id, c.token, Outcome.DEAD, status=404, error="x" * 10_000))
     stored = row(frontier, c.id)
     assert stored.state == "dead"
     assert stored.last_status == 404
@@ -408,49 +409,50 @@ def test_dead_keeps_status_and_error(frontier: Frontier, job_id: int) -> None:
 
 
 def test_renew_extends_only_this_workers_leases(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req(f"r{i}") for i in range(4)])
+    add(frontier, job_id, [req(f"r{i}") for i in range(4)])
     mine = claim(frontier, job_id, "w1", limit=2, lease=10.0).rows
     theirs = claim(frontier, job_id, "w2", limit=2, lease=10.0).rows
     assert frontier.renew("w1", lease_seconds=100.0, now=NOW + 5) == 2
     for c in mine:
-        assert frontier.lease_of(c.id) == ("leased", "w1", c.token, NOW + 105)
+        assert lease_of(frontier, c.id) == ("leased", "w1", c.token, NOW + 105)
     for c in theirs:
-        assert frontier.lease_of(c.id) == ("leased", "w2", c.token, NOW + 10)
+        assert lease_of(frontier, c.id) == ("leased", "w2", c.token, NOW + 10)
     assert frontier.expire(job_id, now=NOW + 11) == 2
     assert {c.id for c in claim(frontier, job_id, "w3", now=NOW + 11).rows} == {
         c.id for c in theirs
     }
     for c in mine:  # still w1's, its token still good
-        assert frontier.lease_of(c.id)[:3] == ("leased", "w1", c.token)
-        frontier.settle(Transition(c.id, c.token, Outcome.DONE), now=NOW + 12)
+        assert lease_of(frontier, c.id)[:3] == ("leased", "w1", c.token)
+        settle(frontier, Transition(c.id, c.token, Outcome.DONE), now=NOW + 12)
 
 
 def test_expire_returns_only_expired_leases_of_the_job(frontier: Frontier, job_id: int) -> None:
     other = frontier.open_job("other", SCHEME, now=NOW).id
-    frontier.add(job_id, [req("short"), req("long")])
-    frontier.add(other, [req("short")])
+    add(frontier, job_id, [req("short"), req("long")])
+    add(frontier, other, [req("short")])
     (short,) = claim(frontier, job_id, "w1", limit=1, lease=10.0).rows
     (long_,) = claim(frontier, job_id, "w1", limit=1, lease=1000.0).rows
     (other_row,) = claim(frontier, other, "w1", lease=10.0).rows
     assert frontier.expire(job_id, now=NOW + 11) == 1
-    assert frontier.lease_of(short.id) == ("pending", None, None, None)
-    assert frontier.lease_of(long_.id)[0] == "leased"
-    assert frontier.lease_of(other_row.id)[0] == "leased"
+    assert lease_of(frontier, short.id) == ("pending", None, None, None)
+    assert lease_of(frontier, long_.id)[0] == "leased"
+    assert lease_of(frontier, other_row.id)[0] == "leased"
     assert row(frontier, short.id).attempts == 0
 
 
 def test_release_is_not_a_failure(frontier: Frontier, job_id: int) -> None:
-    frontier.add(job_id, [req("a"), req("b"), req("c")])
+    add(frontier, job_id, [req("a"), req("b"), req("c")])
     (a,) = claim(frontier, job_id, "w1", limit=1).rows
-    frontier.settle(
-        Transition(a.id, a.token, Outcome.RESCHEDULE, payload=a.payload, url="u", attempts_inc=2)
+    settle(
+        frontier,
+        Transition(a.id, a.token, Outcome.RESCHEDULE, payload=a.payload, url="u", attempts_inc=2),
     )
     mine = claim(frontier, job_id, "w1", limit=2).rows
     (theirs,) = claim(frontier, job_id, "w2").rows
     assert {c.fingerprint for c in mine} == {"a", "b"}
     assert frontier.release_leases_of("w1", now=NOW + 1) == 2
     assert frontier.counts(job_id) == {"pending": 2, "leased": 1}
-    assert frontier.lease_of(theirs.id) == ("leased", "w2", theirs.token, NOW + LEASE)
+    assert lease_of(frontier, theirs.id) == ("leased", "w2", theirs.token, NOW + LEASE)
     again = {c.fingerprint: c.attempts for c in claim(frontier, job_id, "w3", now=NOW + 1).rows}
     assert again == {"a": 2, "b": 0}  # no attempt spent by the release
 
@@ -465,7 +467,7 @@ def _workers(frontier: Frontier) -> dict[str, float | None]:
 def test_recover_dead_workers(frontier: Frontier, job_id: int) -> None:
     for worker, pid in (("dead", 111), ("live", 222), ("me", 333)):
         frontier.register_worker(job_id, worker, "host", pid, now=NOW)
-    frontier.add(job_id, [req(f"r{i}") for i in range(6)])
+    add(frontier, job_id, [req(f"r{i}") for i in range(6)])
     dead = claim(frontier, job_id, "dead", limit=3).rows
     live = claim(frontier, job_id, "live", limit=2).rows
     (mine,) = claim(frontier, job_id, "me", limit=1).rows
@@ -478,10 +480,10 @@ def test_recover_dead_workers(frontier: Frontier, job_id: int) -> None:
     assert frontier.recover_dead_workers(job_id, me="me", is_dead=is_dead, now=NOW + 1) == 3
     assert sorted(asked) == [("host", 111), ("host", 222)]
     for c in dead:
-        assert frontier.lease_of(c.id) == ("pending", None, None, None)
+        assert lease_of(frontier, c.id) == ("pending", None, None, None)
     for c in live:
-        assert frontier.lease_of(c.id)[:3] == ("leased", "live", c.token)
-    assert frontier.lease_of(mine.id)[:3] == ("leased", "me", mine.token)
+        assert lease_of(frontier, c.id)[:3] == ("leased", "live", c.token)
+    assert lease_of(frontier, mine.id)[:3] == ("leased", "me", mine.token)
     assert _workers(frontier) == {"dead": NOW + 1, "live": None, "me": None}
     assert frontier.counts(job_id) == {"pending": 3, "leased": 3}
     # Once stopped, a dead worker is not looked at again.
@@ -498,20 +500,20 @@ def test_running_job_resumes(frontier: Frontier) -> None:
     assert (first.generation, first.resumed, first.name) == (1, False, "spider")
     again = frontier.open_job("spider", SCHEME, now=NOW + 1)
     assert (again.id, again.generation, again.resumed) == (first.id, 1, True)
-    assert frontier.job_state(first.id) == "running"
+    assert job_state(frontier, first.id) == "running"
 
 
 def test_finished_job_is_not_started_again_unless_asked(frontier: Frontier) -> None:
     first = frontier.open_job("spider", SCHEME, now=NOW)
-    frontier.add(first.id, [req("a"), req("b")])
+    add(frontier, first.id, [req("a"), req("b")])
     assert frontier.finish_job_if_complete(first.id, now=NOW) is False  # pending
     a, b = claim(frontier, first.id).rows
-    frontier.settle(Transition(a.id, a.token, Outcome.DONE))
+    settle(frontier, Transition(a.id, a.token, Outcome.DONE))
     assert frontier.finish_job_if_complete(first.id, now=NOW) is False  # b still leased
-    assert frontier.job_state(first.id) == "running"
-    frontier.settle(Transition(b.id, b.token, Outcome.DEAD, error="gone"))
+    assert job_state(frontier, first.id) == "running"
+    settle(frontier, Transition(b.id, b.token, Outcome.DEAD, error="gone"))
     assert frontier.finish_job_if_complete(first.id, now=NOW + 1) is True
-    assert frontier.job_state(first.id) == "finished"
+    assert job_state(frontier, first.id) == "finished"
 
     # A worker joining the finished job is told so; nothing is created.
     with pytest.raises(JobFinished) as info:
@@ -523,7 +525,7 @@ def test_finished_job_is_not_started_again_unless_asked(frontier: Frontier) -> N
     second = frontier.open_job("spider", SCHEME, restart_finished=True, now=NOW + 2)
     assert (second.generation, second.resumed) == (2, False)
     assert second.id != first.id
-    assert frontier.add(second.id, [req("a")]) == {"a"}  # fresh dedup
+    assert add(frontier, second.id, [req("a")]) == {"a"}  # fresh dedup
     assert frontier.counts(first.id) == {"done": 1, "dead": 1}
     assert frontier.counts(second.id) == {"pending": 1}
     assert frontier.open_job("spider", SCHEME, now=NOW + 3).id == second.id
@@ -531,7 +533,7 @@ def test_finished_job_is_not_started_again_unless_asked(frontier: Frontier) -> N
 
 def test_empty_job_finishes(frontier: Frontier, job_id: int) -> None:
     assert frontier.finish_job_if_complete(job_id, now=NOW) is True
-    assert frontier.job_state(job_id) == "finished"
+    assert job_state(frontier, job_id) == "finished"
 
 
 def test_dedup_scheme_cannot_change_mid_job(frontier: Frontier, job_id: int) -> None:
@@ -541,7 +543,7 @@ def test_dedup_scheme_cannot_change_mid_job(frontier: Frontier, job_id: int) -> 
     assert "REQUEST_FINGERPRINTER_CLASS" in message
     assert SCHEME in message
     assert "myproject.fingerprints.Other" in message
-    assert frontier.job_state(job_id) == "running"
+    assert job_state(frontier, job_id) == "running"
     # Once the job finished, the next generation may use another scheme.
     assert frontier.finish_job_if_complete(job_id, now=NOW)
     new = frontier.open_job(
@@ -555,13 +557,13 @@ def test_dedup_scheme_cannot_change_mid_job(frontier: Frontier, job_id: int) -> 
 
 def test_counts_and_has_unfinished(frontier: Frontier, job_id: int) -> None:
     assert frontier.counts(job_id) == {}
-    assert frontier.has_unfinished(job_id) is False
-    frontier.add(job_id, [req(f"r{i}") for i in range(5)])
-    assert frontier.has_unfinished(job_id) is True
+    assert has_unfinished(frontier, job_id) is False
+    add(frontier, job_id, [req(f"r{i}") for i in range(5)])
+    assert has_unfinished(frontier, job_id) is True
     rows = claim(frontier, job_id, limit=4).rows
     outcomes = [Outcome.DONE, Outcome.IGNORED, Outcome.DEAD]
     for c, outcome in zip(rows, outcomes, strict=False):
-        frontier.settle(Transition(c.id, c.token, outcome))
+        settle(frontier, Transition(c.id, c.token, outcome))
     assert frontier.counts(job_id) == {
         "pending": 1,
         "leased": 1,
@@ -570,10 +572,10 @@ def test_counts_and_has_unfinished(frontier: Frontier, job_id: int) -> None:
         "dead": 1,
     }
     (last,) = claim(frontier, job_id).rows
-    frontier.settle(Transition(last.id, last.token, Outcome.DONE))
-    assert frontier.has_unfinished(job_id) is True  # rows[3] still leased
-    frontier.settle(Transition(rows[3].id, rows[3].token, Outcome.DONE))
-    assert frontier.has_unfinished(job_id) is False
+    settle(frontier, Transition(last.id, last.token, Outcome.DONE))
+    assert has_unfinished(frontier, job_id) is True  # rows[3] still leased
+    settle(frontier, Transition(rows[3].id, rows[3].token, Outcome.DONE))
+    assert has_unfinished(frontier, job_id) is False
     assert frontier.counts(job_id) == {"done": 3, "ignored": 1, "dead": 1}
 
 
@@ -642,7 +644,7 @@ def test_concurrent_claims_never_share_a_row(postgres_url: str) -> None:
     setup = Frontier.connect(postgres_url)
     job = setup.open_job("spider", SCHEME).id
     total = 2000
-    setup.add(job, [req(f"r{i}") for i in range(total)])
+    add(setup, job, [req(f"r{i}") for i in range(total)])
     workers_ = [Frontier.connect(postgres_url) for _ in range(3)]
     barrier = threading.Barrier(len(workers_))
     got: dict[str, list[int]] = {}
@@ -757,7 +759,7 @@ def test_a_rolled_back_write_does_not_lose_its_domain_row(sqlite_url: str) -> No
     frontier = Frontier.connect(sqlite_url)
     try:
         job_id = frontier.open_job("spider", SCHEME, now=NOW).id
-        frontier.add(job_id, [req("a"), req("b")])
+        add(frontier, job_id, [req("a"), req("b")])
         a, b = claim(frontier, job_id).rows
         paused = Transition(
             a.id,

@@ -24,6 +24,7 @@ from scrapy_reliability.frontier import (
     migrate,
 )
 from scrapy_reliability.frontier.schema import VERSION_TABLE, metadata
+from tests.frontier_helpers import add
 
 HEAD = migrate.head_revision()
 
@@ -33,7 +34,8 @@ def _populate(url: str) -> dict[str, int]:
     store = Frontier.connect(url)
     try:
         job = store.open_job("spider", "scheme")
-        store.add(
+        add(
+            store,
             job.id,
             [NewRequest(f"fp{i}", 0, "example.com", f"https://e/{i}", "{}") for i in range(3)],
         )

@@ -7,6 +7,7 @@ import json
 
 from scrapy_reliability.frontier import Frontier, Outcome, Transition, WriteBatch
 from scrapy_reliability.frontier.schema import dead_letters
+from tests.frontier_helpers import add
 from tests.test_frontier_contract import NOW, SCHEME, claim, req
 
 
@@ -15,7 +16,7 @@ def test_fifty_burials_in_one_process_write_fifty_dead_letters(frontier: Frontie
     about its 11th, when the driver switched to a prepared statement), including a
     burial again of a row that already has a dead letter (a retry pass)."""
     job_id = frontier.open_job("burials", SCHEME).id
-    frontier.add(job_id, [req(f"r{i}") for i in range(50)])
+    add(frontier, job_id, [req(f"r{i}") for i in range(50)])
     rows = claim(frontier, job_id, limit=50).rows
     assert len(rows) == 50
     for c in rows:  # one transaction each, as a crawl buries them

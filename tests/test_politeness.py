@@ -16,6 +16,7 @@ from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transitio
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess, max_per_window
 from tests.crawling import Crawl, make_project, pages_in, read_jsonl
+from tests.frontier_helpers import add
 
 
 def per_host_times(log: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -84,7 +85,7 @@ def test_token_bucket_and_concurrency_cap_at_claim(frontier_url: str):
     frontier = Frontier.connect(frontier_url)
     try:
         job = frontier.open_job("polite", "s").id
-        frontier.add(job, _rows("a.test", 50))
+        add(frontier, job, _rows("a.test", 50))
         policy = Politeness(DomainLimits(rate=5.0, burst=2, concurrency=3))
         now = 1000.0
         first = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now)
@@ -111,8 +112,8 @@ def test_a_paused_domain_persists_and_never_blocks_the_others(frontier_url: str)
     frontier = Frontier.connect(frontier_url)
     try:
         job = frontier.open_job("pause", "s").id
-        frontier.add(job, _rows("paused.test", 20))  # first in line
-        frontier.add(job, _rows("free.test", 5))
+        add(frontier, job, _rows("paused.test", 20))  # first in line
+        add(frontier, job, _rows("free.test", 5))
         now = time.time()
         (first,) = frontier.claim(job, "w", 1, lease_seconds=30, now=now).rows
         frontier.write(
@@ -341,7 +342,7 @@ def test_adaptive_rate_halves_on_429_and_recovers_slowly(frontier_url: str):
     frontier = Frontier.connect(frontier_url)
     try:
         job = frontier.open_job("aimd", "s").id
-        frontier.add(job, _rows("busy.test", 10))
+        add(frontier, job, _rows("busy.test", 10))
 
         def factor() -> float:
             with frontier.engine.connect() as conn:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sqlalchemy.exc import DBAPIError, OperationalError
+
 
 class FrontierError(Exception):
     """Base class of every error raised by the frontier."""
@@ -78,3 +80,36 @@ class JobFinished(FrontierError):
             "it again from its start requests set RELIABILITY_RESTART_FINISHED = True "
             "(on one worker), or start another job (another JOBDIR or RELIABILITY_JOB)."
         )
+
+
+class WouldWait(Exception):
+    """Raised by a call run inline that would have to wait (a lock held elsewhere):
+    it changed nothing, and runs on the database thread instead.
+
+    Defined here, not next to the database thread that catches it, so that the
+    frontier raises it without importing Twisted."""
+
+
+def is_storage_failure(exc: BaseException) -> bool:
+    """Whether a failed statement says the database itself is unusable (server
+    gone, disk full, file lost, read-only, locked), as opposed to refusing one
+    of the values written. The first is waited out, up to a limit; the second
+    is isolated to the row that carries the value."""
+    if isinstance(exc, (StorageLost, OSError)):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, OperationalError):
+        return True
+    message = str(getattr(exc, "orig", None) or exc).lower()
+    return any(
+        marker in message
+        for marker in (
+            "no such table",
+            "does not exist",
+            "readonly",
+            "read-only",
+            "closed",
+            "permission denied",
+        )
+    )

@@ -1,195 +1,62 @@
 """Read the frontier for people and monitors, and the few operator writes.
 
-Every SQL statement of ``scrapy frontier`` (status, domains, explain, dead,
-requeue, purge) and of the in-crawl probe behind the periodic summary and the
-Prometheus gauges lives here. Reads run in read-only transactions (on SQLite
+The reads of ``scrapy frontier`` (status, domains, explain, dead) and of the
+in-crawl probe behind the periodic summary and the Prometheus gauges live here;
+the operator writes (requeue, purge) are in :mod:`.operations`, and what the
+reads return in :mod:`.reports`. Reads run in read-only transactions (on SQLite
 they take no write lock, so they never slow a running crawl); each write is one
 transaction. Plain data in and out: nothing here knows Scrapy.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, func, or_, select, update
+from sqlalchemy import Connection, Engine, and_, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from scrapy_reliability.frontier import dialect
-from scrapy_reliability.frontier.politeness import DomainState, Politeness
+from scrapy_reliability.frontier import operations
+from scrapy_reliability.frontier.connections import reading
+from scrapy_reliability.frontier.jobs import counts as state_counts
+from scrapy_reliability.frontier.politeness import Politeness
+from scrapy_reliability.frontier.reports import (
+    Blocker,
+    DeadFilter,
+    DomainInfo,
+    Explanation,
+    JobInfo,
+    JobStatus,
+    Probe,
+    RequestInfo,
+    WorkerInfo,
+    pending_blockers,
+)
 from scrapy_reliability.frontier.schema import (
-    DEAD,
-    IGNORED,
-    JOB_RUNNING,
     LEASED,
     PENDING,
     STATES,
     dead_letters,
     domains,
-    fingerprints,
     jobs,
     requests,
     workers,
 )
 
-# Rows per IN (...) list: far below SQLite's bound-parameter limit.
-_CHUNK = 400
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    id: int
-    name: str
-    generation: int
-    state: str
-    created_at: float
-    finished_at: float | None
-    dedup_scheme: str
-    #: The per-domain limits the job's crawl runs with (stored by its last starting
-    #: worker); None for a job started before they were stored.
-    limits: Politeness | None = None
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    id: str
-    hostname: str
-    pid: int
-    started_at: float
-    heartbeat_at: float
-    stopped_at: float | None
-    #: Rows this worker holds leased now, and the earliest and latest lease expiry.
-    leases: int = 0
-    first_expiry: float | None = None
-    last_expiry: float | None = None
-
-
-@dataclass(frozen=True)
-class DomainInfo:
-    domain: str
-    counts: dict[str, int]
-    paused_until: float = 0.0
-    pause_reason: str | None = None
-    crawl_delay: float | None = None
-    rate_factor: float = 1.0
-    #: The token bucket's theoretical arrival time (see frontier.politeness).
-    tat: float = 0.0
-    created_at: float = 0.0
-    #: Earliest ``not_before`` of its pending rows.
-    next_due: float | None = None
-    #: Whether the domain has a ``reliability_domains`` row yet.
-    known: bool = False
-
-
-@dataclass(frozen=True)
-class JobStatus:
-    job: JobInfo
-    counts: dict[str, int]
-    #: The pending row created first (id, url, created_at, not_before), if any.
-    oldest_pending: dict[str, Any] | None
-    #: Earliest ``not_before`` among pending rows.
-    next_due: float | None
-    dead_by_class: dict[str, int]
-    #: Time of the most recent dead letter.
-    last_dead_at: float | None
-    workers: list[WorkerInfo]
-    #: Leased rows whose lease already expired (their worker died or hung).
-    expired_leases: int
-    #: Per domain, from the same snapshot as ``counts``.
-    domains: list[DomainInfo] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class RequestInfo:
-    id: int
-    fingerprint: str
-    state: str
-    priority: int
-    domain: str
-    url: str
-    not_before: float
-    attempts: int
-    worker_id: str | None
-    lease_expires_at: float | None
-    last_status: int | None
-    last_error: str | None
-    error_class: str | None
-    first_failed_at: float | None
-    created_at: float
-    updated_at: float
-
-
-@dataclass(frozen=True)
-class Blocker:
-    """One thing that keeps a pending request from being claimed now."""
-
-    #: ``not_before``, ``domain_paused``, ``waiting_for_slot`` or ``waiting_for_token``.
-    reason: str
-    #: When it ends, when known.
-    until: float | None
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """Where a request is, and why.
-
-    ``reason`` is the row's final state (``done``, ``ignored``, ``dead``),
-    ``leased`` or ``lease_expired``, for a pending row the binding blocker
-    (``not_before``, ``domain_paused``, ``waiting_for_slot``,
-    ``waiting_for_token``) or ``due`` when nothing holds it back.
-    """
-
-    request: RequestInfo
-    reason: str
-    until: float | None = None
-    blockers: list[Blocker] = field(default_factory=list)
-    worker: WorkerInfo | None = None
-    domain: DomainInfo | None = None
-    #: For ``due``: pending rows due now that a claim takes first.
-    ahead: int | None = None
-    #: For ``due``: workers of the job heard from recently.
-    live_workers: int | None = None
-
-
-@dataclass(frozen=True)
-class DeadFilter:
-    """Which dead letters (empty filters: all)."""
-
-    error_classes: tuple[str, ...] = ()
-    domains: tuple[str, ...] = ()
-    #: Only those whose last failure is at or before this time.
-    failed_before: float | None = None
-
-
-@dataclass(frozen=True)
-class Probe:
-    """What a running crawl reports about its whole job (all workers)."""
-
-    at: float
-    counts: dict[str, int]
-    dead_by_class: dict[str, int]
-    #: Paused domains and when their pause ends.
-    paused: dict[str, float] = field(default_factory=dict)
-    oldest_pending_at: float | None = None
-
-
-@contextlib.contextmanager
-def reading(engine: Engine) -> Iterator[Connection]:
-    """A read-only transaction whose statements all see one snapshot of the
-    database, so that the figures of one report agree with each other. SQLite in
-    WAL mode keeps the snapshot of a transaction's first read (and takes no write
-    lock); PostgreSQL needs REPEATABLE READ for that (its default, READ COMMITTED,
-    takes a new snapshot per statement), and a read-only one never fails to
-    serialize."""
-    with engine.connect().execution_options(**dialect.snapshot_options(engine)) as conn:
-        try:
-            yield conn
-        finally:
-            conn.rollback()
+__all__ = [
+    "Blocker",
+    "DeadFilter",
+    "DomainInfo",
+    "Explanation",
+    "Inspector",
+    "JobInfo",
+    "JobStatus",
+    "Probe",
+    "RequestInfo",
+    "WorkerInfo",
+    "reading",
+]
 
 
 class Inspector:
@@ -427,37 +294,7 @@ class Inspector:
         if row.state != PENDING:
             return Explanation(row, row.state, until=row.updated_at)
         domain = next(iter(self.domains(job.id, only=[row.domain])), None)
-        blockers: list[Blocker] = []
-        if row.not_before > now:
-            blockers.append(Blocker("not_before", row.not_before))
-        if domain is not None and domain.known:
-            if domain.paused_until > now:
-                blockers.append(
-                    Blocker("domain_paused", domain.paused_until, domain.pause_reason or "")
-                )
-            limits = politeness.limits_for(row.domain)
-            leased = domain.counts.get(LEASED, 0)
-            if limits.concurrency and leased >= limits.concurrency:
-                blockers.append(
-                    Blocker(
-                        "waiting_for_slot",
-                        None,
-                        f"{leased} leased, at most {limits.concurrency} at once",
-                    )
-                )
-            state = DomainState(
-                domain.domain,
-                domain.tat,
-                domain.paused_until,
-                domain.crawl_delay,
-                domain.rate_factor,
-                domain.created_at,
-                leased=leased,
-            )
-            available = state.available_at(limits, politeness, now)
-            if available > now:
-                rate = state.effective_rate(limits, politeness, now)
-                blockers.append(Blocker("waiting_for_token", available, f"{rate:g} requests/s"))
+        blockers = pending_blockers(row, domain, politeness, now)
         if blockers:
             primary = max(blockers, key=lambda b: now if b.until is None else b.until)
             return Explanation(
@@ -477,7 +314,7 @@ class Inspector:
         """Dead letters of a job, most recent failure first."""
         query = (
             select(dead_letters)
-            .where(dead_letters.c.job_id == job_id, *_dead_filter(selection))
+            .where(dead_letters.c.job_id == job_id, *operations.dead_filter(selection))
             .order_by(dead_letters.c.last_failed_at.desc(), dead_letters.c.id.desc())
         )
         if limit is not None:
@@ -519,55 +356,16 @@ class Inspector:
         the job is marked running, so the next ``scrapy crawl`` resumes it.
         Returns how many requests were (or, with ``dry_run``, would be) requeued."""
         now = time.time() if now is None else now
-        chosen = select(dead_letters.c.request_id).where(
-            dead_letters.c.job_id == job_id,
-            dead_letters.c.kind == "request",
-            dead_letters.c.request_id.is_not(None),
-            *_dead_filter(selection),
-        )
         with self.engine.begin() as conn:
-            ids = [int(i) for i in conn.execute(chosen).scalars()]
-            if dry_run:
-                return int(
-                    sum(
-                        conn.execute(
-                            select(func.count()).where(
-                                requests.c.id.in_(chunk), requests.c.state == DEAD
-                            )
-                        ).scalar_one()
-                        for chunk in _chunks(ids)
-                    )
-                )
-            requeued = 0
-            for chunk in _chunks(ids):
-                requeued += conn.execute(
-                    update(requests)
-                    .where(requests.c.id.in_(chunk), requests.c.state == DEAD)
-                    .values(state=PENDING, attempts=0, not_before=0.0, updated_at=now)
-                ).rowcount
-                conn.execute(
-                    delete(dead_letters).where(
-                        dead_letters.c.request_id.in_(chunk), dead_letters.c.kind == "request"
-                    )
-                )
-            if requeued:
-                conn.execute(
-                    update(jobs)
-                    .where(jobs.c.id == job_id)
-                    .values(state=JOB_RUNNING, finished_at=None)
-                )
-            return requeued
+            return operations.requeue(conn, job_id, selection, dry_run=dry_run, now=now)
 
     def purge_dead_letters(
         self, job_id: int, selection: DeadFilter, *, dry_run: bool = False
     ) -> int:
         """Delete dead letters (the request rows stay ``dead``, so they are not fetched
         again)."""
-        where = (dead_letters.c.job_id == job_id, *_dead_filter(selection))
         with self.engine.begin() as conn:
-            if dry_run:
-                return int(conn.execute(select(func.count()).where(*where)).scalar_one())
-            return int(conn.execute(delete(dead_letters).where(*where)).rowcount)
+            return operations.purge_dead_letters(conn, job_id, selection, dry_run=dry_run)
 
     def purge_pending(
         self,
@@ -580,22 +378,9 @@ class Inspector:
         """Drop pending requests (of these domains): they become ``ignored``, so the
         dedup key stays and they are not discovered and fetched again."""
         now = time.time() if now is None else now
-        where = [requests.c.job_id == job_id, requests.c.state == PENDING]
-        if domains_:
-            where.append(requests.c.domain.in_(list(domains_)))
         with self.engine.begin() as conn:
-            if dry_run:
-                return int(conn.execute(select(func.count()).where(*where)).scalar_one())
-            return int(
-                conn.execute(
-                    update(requests)
-                    .where(*where)
-                    .values(
-                        state=IGNORED,
-                        last_error="purged by an operator (scrapy frontier purge)",
-                        updated_at=now,
-                    )
-                ).rowcount
+            return operations.purge_pending(
+                conn, job_id, domains_=domains_, dry_run=dry_run, now=now
             )
 
     def live_workers(self, name: str, *, since: float) -> list[WorkerInfo]:
@@ -618,31 +403,14 @@ class Inspector:
     def purge_job(self, name: str, *, dry_run: bool = False) -> dict[str, int]:
         """Delete every run of job ``name``: requests, dead letters, domain state,
         workers, fingerprints and the job rows. Returns rows per table."""
-        ids = select(jobs.c.id).where(jobs.c.name == name).scalar_subquery()
-        tables = (dead_letters, requests, domains, workers, fingerprints, jobs)
-        removed: dict[str, int] = {}
         with self.engine.begin() as conn:
-            for table in tables:
-                where = table.c.id.in_(ids) if table is jobs else table.c.job_id.in_(ids)
-                if dry_run:
-                    removed[table.name] = int(
-                        conn.execute(
-                            select(func.count()).select_from(table).where(where)
-                        ).scalar_one()
-                    )
-                else:
-                    removed[table.name] = int(conn.execute(delete(table).where(where)).rowcount)
-        return removed
+            return operations.purge_job(conn, name, dry_run=dry_run)
 
 
 def _state_counts(conn: Connection, job_id: int) -> dict[str, int]:
+    """Rows of the job by state, every state named."""
     found = dict.fromkeys(STATES, 0)
-    for state, count in conn.execute(
-        select(requests.c.state, func.count())
-        .where(requests.c.job_id == job_id)
-        .group_by(requests.c.state)
-    ).all():
-        found[str(state)] = int(count)
+    found.update(state_counts(conn, job_id))
     return found
 
 
@@ -655,22 +423,6 @@ def _dead_by_class(conn: Connection, job_id: int) -> dict[str, int]:
             .group_by(dead_letters.c.error_class)
         ).all()
     }
-
-
-def _dead_filter(selection: DeadFilter) -> list[ColumnElement[bool]]:
-    where: list[ColumnElement[bool]] = []
-    if selection.error_classes:
-        where.append(dead_letters.c.error_class.in_(list(selection.error_classes)))
-    if selection.domains:
-        where.append(dead_letters.c.domain.in_(list(selection.domains)))
-    if selection.failed_before is not None:
-        where.append(dead_letters.c.last_failed_at <= selection.failed_before)
-    return where
-
-
-def _chunks(ids: list[int]) -> Iterator[list[int]]:
-    for start in range(0, len(ids), _CHUNK):
-        yield ids[start : start + _CHUNK]
 
 
 def _request_info(row: Any) -> RequestInfo:

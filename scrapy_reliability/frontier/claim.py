@@ -1,0 +1,133 @@
+"""The claim: lease due pending rows within each domain's limits, or say when
+the next one may start."""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, or_, select
+
+from scrapy_reliability.frontier.domains import DomainRows
+from scrapy_reliability.frontier.hotsql import HotSql
+from scrapy_reliability.frontier.politeness import DomainState, Politeness
+from scrapy_reliability.frontier.records import ClaimResult, ClaimSpec
+from scrapy_reliability.frontier.schema import LEASED, PENDING, requests
+
+
+def new_token() -> str:
+    """A fresh claim token: the rows of one claim carry it until they settle."""
+    return secrets.token_hex(16)
+
+
+class Claimer:
+    """Runs a :class:`ClaimSpec` on an open transaction."""
+
+    def __init__(self, sql: HotSql, domain_rows: DomainRows):
+        self._sql = sql
+        self._domains = domain_rows
+        self._rng = random.Random()
+
+    def claim(self, conn: Connection, job_id: int, spec: ClaimSpec, now: float) -> ClaimResult:
+        """Lease up to ``spec.limit`` due pending rows: highest priority first, then
+        oldest (or newest, depth-first) first, within each domain's limits."""
+        worker_id, limit, newest_first = spec.worker_id, spec.limit, spec.newest_first
+        lease_seconds = spec.lease_seconds
+        policy = spec.politeness or Politeness()
+        token = new_token()
+        taken: list[int] = []
+        excluded: set[str] = set()
+        states: dict[str, DomainState] = {}
+        for _round in range(3):
+            want = limit - len(taken)
+            candidates = self._sql.candidates(
+                conn,
+                job_id,
+                now=now,
+                excluded=sorted(excluded),
+                limit=want * 4 if policy.limits_anything else want,
+                newest_first=newest_first,
+            )
+            if not candidates:
+                break
+            if not policy.limits_anything:
+                taken += [task_id for task_id, _ in candidates]
+                break
+            self._domains.lock_states(
+                conn, job_id, {domain for _, domain in candidates} - set(states), states, now
+            )
+            blocked: set[str] = set()
+            for task_id, domain in candidates:
+                if len(taken) >= limit:
+                    break
+                state = states[domain]
+                if state.try_take(policy.limits_for(domain), policy, now, self._rng):
+                    taken.append(task_id)
+                else:
+                    blocked.add(domain)
+            if len(taken) >= limit or len(candidates) < want * 4 or not blocked:
+                break
+            excluded |= blocked
+        self._domains.save_buckets(conn, job_id, states.values())
+        if taken:
+            rows = self._sql.lease(
+                conn,
+                taken,
+                token=token,
+                worker_id=worker_id,
+                expires_at=now + lease_seconds,
+                now=now,
+            )
+            rows.sort(key=lambda c: (-c.priority, -c.id if newest_first else c.id))
+            return ClaimResult(rows)
+        return self._nothing_due(conn, job_id, worker_id, policy, now)
+
+    def _nothing_due(
+        self, conn: Connection, job_id: int, worker_id: str, policy: Politeness, now: float
+    ) -> ClaimResult:
+        """When nothing may start now: the earliest moment a pending row may (its
+        not_before, its domain's pause and token bucket; None when no row is
+        pending), and how many rows other workers hold leased.
+
+        One statement, so one snapshot: on PostgreSQL (READ COMMITTED) two would
+        each see their own, and a row another worker hands back (leased, then
+        pending) between them would be in neither, ending this worker early."""
+        found = conn.execute(
+            select(
+                requests.c.state,
+                requests.c.domain,
+                func.min(requests.c.not_before).label("due"),
+                func.count().label("n"),
+            )
+            .where(
+                requests.c.job_id == job_id,
+                or_(
+                    requests.c.state == PENDING,
+                    and_(requests.c.state == LEASED, requests.c.worker_id != worker_id),
+                ),
+            )
+            .group_by(requests.c.state, requests.c.domain)
+        ).all()
+        leased = sum(int(r.n) for r in found if r.state == LEASED)
+        rows = [r for r in found if r.state == PENDING]
+        return ClaimResult([], self._next_start(conn, job_id, rows, policy, now), leased)
+
+    def _next_start(
+        self, conn: Connection, job_id: int, rows: Sequence[Any], policy: Politeness, now: float
+    ) -> float | None:
+        """The earliest moment one of the pending ``rows`` (domain, earliest
+        not_before) may start, with its domain's pause and token bucket."""
+        if not rows:
+            return None
+        states = self._domains.read_states(conn, job_id, [r.domain for r in rows])
+        soonest: float | None = None
+        for row in rows:
+            start = float(row.due)
+            state = states.get(row.domain)
+            if state is not None:
+                limits = policy.limits_for(row.domain)
+                start = max(start, state.paused_until, state.available_at(limits, policy, now))
+            soonest = start if soonest is None else min(soonest, start)
+        return soonest

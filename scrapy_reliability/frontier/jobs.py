@@ -1,0 +1,263 @@
+"""Jobs, workers and their leases: the statements, run on the caller's
+transaction (the :class:`~scrapy_reliability.frontier.store.Frontier` facade
+opens one per operation)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+from sqlalchemy import Connection, func, select, update
+
+from scrapy_reliability.frontier import operations
+from scrapy_reliability.frontier.errors import JobFinished, JobMismatch
+from scrapy_reliability.frontier.records import UNPROCESSED_CLASSES, Job
+from scrapy_reliability.frontier.reports import DeadFilter
+from scrapy_reliability.frontier.schema import (
+    DEAD,
+    JOB_FINISHED,
+    JOB_RUNNING,
+    LEASED,
+    PENDING,
+    jobs,
+    requests,
+    workers,
+)
+from scrapy_reliability.frontier.transitions import cleared_lease
+
+# -- jobs ---------------------------------------------------------------------------------
+
+
+def open_job(
+    conn: Connection,
+    name: str,
+    dedup_scheme: str,
+    *,
+    reuse_finished: bool,
+    restart_finished: bool,
+    now: float,
+) -> Job:
+    """See :meth:`Frontier.open_job`; raises IntegrityError when another worker
+    created the same generation meanwhile."""
+    row = conn.execute(
+        select(
+            jobs.c.id,
+            jobs.c.generation,
+            jobs.c.state,
+            jobs.c.dedup_scheme,
+            jobs.c.finished_at,
+        )
+        .where(jobs.c.name == name)
+        .order_by(jobs.c.generation.desc())
+        .limit(1)
+    ).first()
+    if row is not None and row.state != JOB_RUNNING and not (reuse_finished or restart_finished):
+        raise JobFinished(name, row.generation, row.finished_at)
+    if row is not None and (row.state == JOB_RUNNING or reuse_finished):
+        if row.dedup_scheme != dedup_scheme:
+            raise JobMismatch(
+                f"Job {name!r} was started with request fingerprints "
+                f"{row.dedup_scheme!r}, but this run uses {dedup_scheme!r}. Changing "
+                "REQUEST_FINGERPRINTER_CLASS in the middle of a job would fetch pages "
+                "again under new keys: finish the job with the old setting, or start "
+                "a new one with another JOBDIR or RELIABILITY_JOB."
+            )
+        return Job(row.id, name, row.generation, True, dedup_scheme)
+    generation = 1 if row is None else row.generation + 1
+    job_id = conn.execute(
+        jobs.insert()
+        .values(
+            name=name,
+            generation=generation,
+            state=JOB_RUNNING,
+            dedup_scheme=dedup_scheme,
+            created_at=now,
+        )
+        .returning(jobs.c.id)
+    ).scalar_one()
+    return Job(job_id, name, generation, False, dedup_scheme)
+
+
+def unfinished(conn: Connection, job_id: int) -> bool:
+    """Whether a row of the job is still pending or leased."""
+    return (
+        conn.execute(
+            select(requests.c.id)
+            .where(requests.c.job_id == job_id, requests.c.state.in_((PENDING, LEASED)))
+            .limit(1)
+        ).first()
+        is not None
+    )
+
+
+def finish_job_if_complete(conn: Connection, job_id: int, now: float) -> bool:
+    if unfinished(conn, job_id):
+        return False
+    conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state == JOB_RUNNING)
+        .values(state=JOB_FINISHED, finished_at=now)
+    )
+    return True
+
+
+def unprocessed(conn: Connection, job_id: int) -> dict[str, int]:
+    states = conn.execute(
+        select(requests.c.state, func.count())
+        .where(requests.c.job_id == job_id, requests.c.state.in_([PENDING, LEASED]))
+        .group_by(requests.c.state)
+    ).all()
+    classes = conn.execute(
+        select(requests.c.error_class, func.count())
+        .where(
+            requests.c.job_id == job_id,
+            requests.c.state == DEAD,
+            requests.c.error_class.in_(list(UNPROCESSED_CLASSES)),
+        )
+        .group_by(requests.c.error_class)
+    ).all()
+    found = {str(k): int(v) for k, v in states}
+    found.update({str(k): int(v) for k, v in classes})
+    return found
+
+
+def counts(conn: Connection, job_id: int) -> dict[str, int]:
+    """Rows of the job by state (states without rows left out)."""
+    rows = conn.execute(
+        select(requests.c.state, func.count())
+        .where(requests.c.job_id == job_id)
+        .group_by(requests.c.state)
+    ).all()
+    return {str(state): int(count) for state, count in rows}
+
+
+def record_limits(conn: Connection, job_id: int, limits: str) -> None:
+    conn.execute(update(jobs).where(jobs.c.id == job_id).values(limits=limits))
+
+
+def reopen_dead(
+    conn: Connection,
+    name: str,
+    *,
+    error_classes: Sequence[str],
+    domains: Sequence[str],
+    failed_before: float | None,
+    now: float,
+) -> tuple[int, int] | None:
+    """See :meth:`Frontier.reopen_dead`."""
+    job_id = conn.execute(
+        select(jobs.c.id).where(jobs.c.name == name).order_by(jobs.c.generation.desc()).limit(1)
+    ).scalar()
+    if job_id is None:
+        return None
+    selection = DeadFilter(tuple(error_classes), tuple(domains), failed_before)
+    ids = list(conn.execute(operations.dead_requests(job_id, selection)).scalars())
+    # Unlike a requeue, a retry pass keeps the dead letters: a request buried again
+    # keeps its first failure, and its letter counts the passes.
+    return job_id, operations.reopen(conn, job_id, ids, now, letters=operations.count_pass)
+
+
+# -- workers ------------------------------------------------------------------------------
+
+
+def register_worker(
+    conn: Connection,
+    job_id: int,
+    worker_id: str,
+    *,
+    hostname: str,
+    pid: int,
+    callbacks: Sequence[str],
+    now: float,
+) -> None:
+    conn.execute(
+        workers.insert().values(
+            id=worker_id,
+            job_id=job_id,
+            hostname=hostname,
+            pid=pid,
+            started_at=now,
+            heartbeat_at=now,
+            callbacks=json.dumps(sorted(callbacks)),
+        )
+    )
+
+
+def live_callbacks(
+    conn: Connection, job_id: int, me: str, alive_within: float, now: float
+) -> dict[str, frozenset[str]]:
+    """See :meth:`Frontier.live_callbacks`."""
+    rows = conn.execute(
+        select(workers.c.id, workers.c.callbacks).where(
+            workers.c.job_id == job_id,
+            workers.c.stopped_at.is_(None),
+            workers.c.id != me,
+            workers.c.heartbeat_at >= now - alive_within,
+        )
+    ).all()
+    found: dict[str, frozenset[str]] = {}
+    for worker_id, raw in rows:
+        try:
+            names = json.loads(raw) if raw else []
+        except ValueError:
+            names = []
+        if not isinstance(names, list):  # a row written by something else
+            names = []
+        found[worker_id] = frozenset(n for n in names if isinstance(n, str))
+    return found
+
+
+def stop_worker(conn: Connection, worker_id: str, now: float) -> None:
+    conn.execute(update(workers).where(workers.c.id == worker_id).values(stopped_at=now))
+
+
+def recover_dead_workers(
+    conn: Connection, job_id: int, me: str, is_dead: Callable[[str, int], bool], now: float
+) -> int:
+    """See :meth:`Frontier.recover_dead_workers`."""
+    recovered = 0
+    live = conn.execute(
+        select(workers.c.id, workers.c.hostname, workers.c.pid).where(
+            workers.c.job_id == job_id,
+            workers.c.stopped_at.is_(None),
+            workers.c.id != me,
+        )
+    ).all()
+    for worker in live:
+        if not is_dead(worker.hostname, worker.pid):
+            continue
+        recovered += release_leases_of(conn, worker.id, now)
+        conn.execute(update(workers).where(workers.c.id == worker.id).values(stopped_at=now))
+    return recovered
+
+
+# -- leases -------------------------------------------------------------------------------
+
+
+def renew(conn: Connection, worker_id: str, lease_seconds: float, now: float) -> int:
+    conn.execute(update(workers).where(workers.c.id == worker_id).values(heartbeat_at=now))
+    return conn.execute(
+        update(requests)
+        .where(requests.c.worker_id == worker_id, requests.c.state == LEASED)
+        .values(lease_expires_at=now + lease_seconds)
+    ).rowcount
+
+
+def expire(conn: Connection, job_id: int, now: float) -> int:
+    return conn.execute(
+        update(requests)
+        .where(
+            requests.c.job_id == job_id,
+            requests.c.state == LEASED,
+            requests.c.lease_expires_at < now,
+        )
+        .values(cleared_lease(PENDING, now))
+    ).rowcount
+
+
+def release_leases_of(conn: Connection, worker_id: str, now: float) -> int:
+    return conn.execute(
+        update(requests)
+        .where(requests.c.worker_id == worker_id, requests.c.state == LEASED)
+        .values(cleared_lease(PENDING, now))
+    ).rowcount

@@ -1,0 +1,184 @@
+"""The frontier's records: what callers hand it and what it hands back.
+
+Plain frozen values, no SQL: a caller builds a :class:`WriteBatch` of these and
+the frontier turns it into one transaction.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from scrapy_reliability.frontier.politeness import Politeness
+from scrapy_reliability.frontier.schema import DEAD, DONE, IGNORED
+
+#: Error classes of requests that were never answered by a server: the request
+#: could not be stored (refused), its stored form could not be rebuilt (corrupt),
+#: or no worker's spider had its callback (incompatible). A run that ends with any
+#: is not complete (see ``Frontier.unprocessed``).
+UNPROCESSED_CLASSES = ("refused", "corrupt", "incompatible")
+
+
+def storable_text(value: str, limit: int = 4000) -> str:
+    """``value`` as text every backend stores: NUL characters (refused by
+    PostgreSQL) and lone surrogates (refused by UTF-8 encoders) escaped, cut at
+    ``limit`` characters. For messages and URLs kept on the record."""
+    if value.isascii() and "\x00" not in value:
+        return value[:limit]
+    cleaned = value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return cleaned[:limit]
+
+
+class Outcome(str, enum.Enum):
+    """Where a leased row goes."""
+
+    DONE = DONE
+    IGNORED = IGNORED
+    DEAD = DEAD
+    #: Back to pending with a new payload and ``not_before`` (a retry or a
+    #: redirect handled by a downloader middleware).
+    RESCHEDULE = "reschedule"
+    #: Back to pending untouched, not before ``not_before`` (never started: its
+    #: domain was paused while it waited in a worker's buffer).
+    RELEASE = "release"
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    name: str
+    generation: int
+    resumed: bool
+    dedup_scheme: str
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    fingerprint: str
+    priority: int
+    domain: str
+    url: str
+    payload: str
+    not_before: float = 0.0
+
+
+@dataclass(frozen=True)
+class Claimed:
+    id: int
+    token: str
+    fingerprint: str
+    payload: str
+    attempts: int
+    priority: int
+    first_failed_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    rows: list[Claimed]
+    #: When nothing was due: the earliest ``not_before`` of the job's pending
+    #: rows (None when there are none).
+    next_due: float | None = None
+    #: When nothing was due: how many rows other workers hold leased.
+    leased_elsewhere: int = 0
+
+
+@dataclass(frozen=True)
+class Transition:
+    task_id: int
+    token: str
+    outcome: Outcome
+    payload: str | None = None
+    url: str | None = None
+    not_before: float = 0.0
+    attempts_inc: int = 0
+    status: int | None = None
+    error: str | None = None
+    #: The failure's class, for a retry (RESCHEDULE) or a burial (DEAD).
+    error_class: str | None = None
+    #: Pause the request's domain (``domain``) until then, e.g. from Retry-After.
+    domain: str | None = None
+    pause_until: float | None = None
+    pause_reason: str | None = None
+    #: Halve the domain's adaptive rate (a 429 or a ban signal).
+    slow_down: bool = False
+
+
+@dataclass(frozen=True)
+class DeadItem:
+    """An item an item pipeline raised on, kept as a dead letter of kind ``item``."""
+
+    request_id: int | None
+    url: str
+    domain: str
+    error: str
+    item: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request that cannot be stored or processed as it is, kept on the record:
+    a dead row of its own (error class ``refused``) with a dead letter, holding
+    only what can be stored (``payload`` without the offending values), so that
+    ``status``, ``dead`` and ``explain`` show it and a retry pass can replay it.
+    The caller makes every field storable (see ``serialization.storable``)."""
+
+    fingerprint: str
+    url: str
+    domain: str
+    priority: int
+    payload: str
+    reason: str
+    error_class: str = "refused"
+
+
+@dataclass(frozen=True)
+class DomainUpdate:
+    """robots.txt told this domain's Crawl-delay (None: it has none)."""
+
+    domain: str
+    crawl_delay: float | None
+
+
+@dataclass
+class WriteBatch:
+    inserts: list[NewRequest] = field(default_factory=list)
+    transitions: list[Transition] = field(default_factory=list)
+    dead_items: list[DeadItem] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+    domain_updates: list[DomainUpdate] = field(default_factory=list)
+    #: Successes per slowed-down domain: their adaptive rate recovers a little.
+    recoveries: dict[str, int] = field(default_factory=dict)
+    #: A retry pass: an acked row's dead letter is resolved (deleted).
+    clear_dead_letters: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.inserts
+            or self.transitions
+            or self.dead_items
+            or self.refusals
+            or self.domain_updates
+            or self.recoveries
+        )
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    #: Fingerprints of the inserted rows; the others were already known.
+    inserted: frozenset[str]
+    settled: list[int]
+    lost: list[int]
+    #: The claim run in the same transaction (``write(..., claim=...)``).
+    claimed: ClaimResult | None = None
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """A claim to run with a write, in its transaction (see :meth:`Frontier.claim`)."""
+
+    worker_id: str
+    limit: int
+    lease_seconds: float
+    newest_first: bool = False
+    politeness: Politeness | None = None

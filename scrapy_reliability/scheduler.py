@@ -21,7 +21,6 @@ Contract with the engine (see :class:`scrapy.core.scheduler.BaseScheduler`):
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import math
@@ -77,8 +76,10 @@ from scrapy_reliability.frontier.store import (
     storable_text,
 )
 from scrapy_reliability.items import DeadLetter, export_to_dead_letter_feeds
-from scrapy_reliability.middlewares import ATTEMPTS_META, RETRY_META, failure_of
 from scrapy_reliability.retry import ErrorClass, RetryPolicy
+from scrapy_reliability.scheduling import engine
+from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
+from scrapy_reliability.scheduling.meta import ATTEMPTS_META, RETRY_META, TASK_META, failure_of
 from scrapy_reliability.serialization import (
     MAX_PRIORITY,
     MIN_PRIORITY,
@@ -97,8 +98,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Request meta key holding the frontier row id of a request this worker leased.
-TASK_META = "reliability_task_id"
+__all__ = ["TASK_META", "Scheduler"]
 
 # A failed write is tried again after this many seconds; nothing is dropped.
 _WRITE_RETRY_SECONDS = 1.0
@@ -112,31 +112,6 @@ _MAX_BUFFERED = 2000
 # doubling up to _POLL_SECONDS while nothing turns up.
 _FIRST_POLL_SECONDS = 0.05
 _POLL_SECONDS = 0.5
-
-
-class _Stage(enum.Enum):
-    READY = "ready"  # claimed, in the local buffer
-    FETCHING = "fetching"  # handed to the engine, in the downloader
-    SCRAPING = "scraping"  # the callback/errback and its output are being processed
-    SETTLING = "settling"  # its transition is buffered or being written
-
-
-@dataclass
-class _Lease:
-    task_id: int
-    token: str
-    key: str
-    stage: _Stage
-    #: Scrapy's retry count when claimed: a request sent back with a higher one is
-    #: a retry (one more attempt); otherwise a redirect.
-    retry_times: int = 0
-    #: Failed attempts of the row before this claim.
-    attempts: int = 0
-    first_failed_at: float | None = None
-    url: str = ""
-    method: str = "GET"
-    domain: str = ""
-    claimed_at: float = 0.0
 
 
 @dataclass
@@ -192,16 +167,10 @@ class Scheduler(BaseScheduler):
         self.worker_id, self.hostname, self.pid = _jobs.worker_identity()
         self._db = DatabaseThread()
         self._ready: deque[Request] = deque()
-        self._leases: dict[int, _Lease] = {}
-        # Leases handed to the engine and not yet back (stage FETCHING), by domain.
-        self._fetching: dict[str, int] = {}
+        self._leases = LeaseBook()
         self._poll_delay = _FIRST_POLL_SECONDS
         # Set when this worker joined a job that had already finished.
         self._job_finished = False
-        # Leases whose transition is buffered or being written, by (task id, token):
-        # what request_settled reports once it commits (the row may be claimed
-        # again, under a new lease, before the write's callback runs).
-        self._settling: dict[tuple[int, str], _Lease] = {}
         self._batch = WriteBatch()
         self._batch_requests: dict[str, Request] = {}
         self._flush_future: Future[WriteResult] | None = None
@@ -461,7 +430,9 @@ class Scheduler(BaseScheduler):
         self.stats.set_value("reliability/job/run", job.generation)
         self.stats.set_value("reliability/job/resumed", job.resumed)
         self.stats.inc_value("reliability/lease/recovered", recovered)
-        self._unhook = _hook_scrape_completion(self.crawler, self._scrape_started, self._scraped)
+        self._unhook = engine.hook_scrape_completion(
+            self.crawler, self._scrape_started, self._scraped
+        )
         self._heartbeat = task.LoopingCall(self._beat)
         self._heartbeat.start(self.config.heartbeat_seconds, now=False)
 
@@ -504,9 +475,7 @@ class Scheduler(BaseScheduler):
             return succeed(None)
         finished = reason == "finished"
         orphans = [
-            lease
-            for lease in self._leases.values()
-            if lease.stage in (_Stage.FETCHING, _Stage.SCRAPING)
+            lease for lease in self._leases if lease.stage in (Stage.FETCHING, Stage.SCRAPING)
         ]
         if finished:
             # The engine went idle with these never completed: a downloader middleware
@@ -664,7 +633,7 @@ class Scheduler(BaseScheduler):
         task_id = request.meta.get(TASK_META)
         if task_id is not None:
             lease = self._leases.get(task_id)
-            if lease is not None and lease.stage is _Stage.FETCHING:
+            if lease is not None and lease.stage is Stage.FETCHING:
                 return self._reschedule(lease, request)
             # A child built with the parent's meta: it is a new request.
             del request.meta[TASK_META]
@@ -745,7 +714,7 @@ class Scheduler(BaseScheduler):
         # dont_filter=True still gets a row, under a key of its own.
         return f"u:{uuid.uuid4().hex}"
 
-    def _reschedule(self, lease: _Lease, request: Request) -> bool:
+    def _reschedule(self, lease: Lease, request: Request) -> bool:
         """A downloader middleware sent our leased request back (a retry or a
         redirect): the same row goes back to pending with the new request."""
         assert self.spider is not None
@@ -775,8 +744,7 @@ class Scheduler(BaseScheduler):
                 error_class="refused",
             )
             return True
-        self._stage(lease, _Stage.SETTLING)
-        self._settling[(lease.task_id, lease.token)] = lease
+        self._leases.start_settling(lease)
         failure = decided if isinstance(decided, dict) else {}
         pause_until = failure.get("pause_until")
         slow_down = bool(failure.get("slow_down"))
@@ -849,7 +817,7 @@ class Scheduler(BaseScheduler):
             return None
         lease = self._leases.get(request.meta[TASK_META])
         if lease is not None:
-            self._stage(lease, _Stage.FETCHING)
+            self._leases.move(lease, Stage.FETCHING)
         if len(self._ready) <= self.claim_batch // 2:
             self._claim()
         self.stats.inc_value("reliability/dequeued")
@@ -869,12 +837,10 @@ class Scheduler(BaseScheduler):
         ready = self._ready
         if not ready:
             return None
-        downloader = getattr(getattr(self.crawler, "engine", None), "downloader", None)
-        slots: dict[str, Any] = getattr(downloader, "slots", None) or {}
-        per_domain = int(getattr(downloader, "domain_concurrency", 0) or 0)
+        slots, per_domain = engine.download_slots(self.crawler)
         now = time.time() if self._obey_robots else 0.0
         for i, request in enumerate(ready):
-            lease = self._lease_of(request)
+            lease = self._leases.of(request)
             domain = lease.domain if lease is not None else ""
             if self._obey_robots and not self._robots_allow(domain, now):
                 continue
@@ -882,7 +848,7 @@ class Scheduler(BaseScheduler):
             # middlewares: count this worker's own too.
             slot = slots.get(request.meta.get("download_slot") or domain)
             limit = slot.concurrency if slot is not None else per_domain
-            busy = max(len(slot.active) if slot is not None else 0, self._fetching.get(domain, 0))
+            busy = max(len(slot.active) if slot is not None else 0, self._leases.fetching(domain))
             if not limit or busy < limit:
                 del ready[i]
                 if self._obey_robots:
@@ -943,13 +909,12 @@ class Scheduler(BaseScheduler):
             return
         keep: deque[Request] = deque()
         for request in self._ready:
-            lease = self._lease_of(request)
+            lease = self._leases.of(request)
             paused_until = self._paused.get(lease.domain) if lease is not None else None
             if lease is None or paused_until is None:
                 keep.append(request)
                 continue
-            self._stage(lease, _Stage.SETTLING)
-            self._settling[(lease.task_id, lease.token)] = lease
+            self._leases.start_settling(lease)
             self._batch.transitions.append(
                 Transition(lease.task_id, lease.token, Outcome.RELEASE, not_before=paused_until)
             )
@@ -1061,8 +1026,8 @@ class Scheduler(BaseScheduler):
         """Rebuild a claimed row into a request in the ready buffer; True when it was
         handed back for a worker whose spider has its callback."""
         assert self.spider is not None
-        lease = _Lease(row.id, row.token, row.fingerprint, _Stage.READY, claimed_at=time.time())
-        self._leases[row.id] = lease
+        lease = Lease(row.id, row.token, row.fingerprint, Stage.READY, claimed_at=time.time())
+        self._leases.add(lease)
         try:
             request = payload_to_request(row.payload, self.spider)
             retry_times = request.meta.get("retry_times", 0)
@@ -1089,7 +1054,7 @@ class Scheduler(BaseScheduler):
         self._ready.append(request)
         return False
 
-    def _hand_back_or_bury(self, lease: _Lease, exc: MissingCallback) -> bool:
+    def _hand_back_or_bury(self, lease: Lease, exc: MissingCallback) -> bool:
         """This worker's spider lacks the row's callback: another version of the
         spider, running as another live worker of the job, may have it. Hand the
         row back for that worker (due at once, no attempt spent); bury it as
@@ -1114,8 +1079,7 @@ class Scheduler(BaseScheduler):
                 {"id": lease.task_id, "name": name, "worker": takers[0]},
                 extra={"spider": self.spider},
             )
-            self._stage(lease, _Stage.SETTLING)
-            self._settling[(lease.task_id, lease.token)] = lease
+            self._leases.start_settling(lease)
             self._batch.transitions.append(
                 Transition(
                     lease.task_id,
@@ -1155,7 +1119,7 @@ class Scheduler(BaseScheduler):
 
         self._peers_future = self._db.call_soon(read, done)
 
-    def _bury_unanswered(self, lease: _Lease, error_class: str, error: str, why: str) -> None:
+    def _bury_unanswered(self, lease: Lease, error_class: str, error: str, why: str) -> None:
         """A claimed row no server will answer: a dead letter of its own class (see
         UNPROCESSED_CLASSES), for `scrapy retrypass --error-class` after a fix."""
         self.stats.inc_value(f"reliability/dead/{error_class}")
@@ -1170,17 +1134,17 @@ class Scheduler(BaseScheduler):
     # -- completion -------------------------------------------------------------------------
 
     def _scrape_started(self, request: Request) -> None:
-        lease = self._lease_of(request)
-        if lease is not None and lease.stage is _Stage.FETCHING:
-            self._stage(lease, _Stage.SCRAPING)
+        lease = self._leases.of(request)
+        if lease is not None and lease.stage is Stage.FETCHING:
+            self._leases.move(lease, Stage.SCRAPING)
 
     def _scraped(self, result: Any, request: Request) -> Deferred[Any] | None:
         """Scrapy is done with ``request``: output consumed, children scheduled,
         items through the pipelines. A request that failed for good is buried;
         its DeadLetter item goes through the pipelines first, so it too is
         settled before the burial commits. Returns a Deferred while that runs."""
-        lease = self._lease_of(request)
-        if lease is None or lease.stage is not _Stage.SCRAPING:
+        lease = self._leases.of(request)
+        if lease is None or lease.stage is not Stage.SCRAPING:
             return None
         failure = failure_of(request)
         if failure is None and isinstance(result, Failure):
@@ -1209,7 +1173,7 @@ class Scheduler(BaseScheduler):
             return None
         return self._bury(lease, failure)
 
-    def _bury(self, lease: _Lease, failure: dict[str, Any]) -> Deferred[Any] | None:
+    def _bury(self, lease: Lease, failure: dict[str, Any]) -> Deferred[Any] | None:
         error_class = str(failure.get("error_class") or ErrorClass.PERMANENT.value)
         status = failure.get("status")
         error = str(failure.get("error") or "")
@@ -1256,7 +1220,7 @@ class Scheduler(BaseScheduler):
                 )
             settle()
             return None
-        d = _send_item(self.crawler, item)
+        d = engine.send_item(self.crawler, item)
         d.addBoth(settle)
         return d
 
@@ -1272,7 +1236,7 @@ class Scheduler(BaseScheduler):
             )
             return
         request = getattr(response, "request", None)
-        lease = self._lease_of(request) if isinstance(request, Request) else None
+        lease = self._leases.of(request) if isinstance(request, Request) else None
         url = request.url if isinstance(request, Request) else ""
         try:
             stored = json.dumps(ItemAdapter(item).asdict(), default=repr)
@@ -1292,13 +1256,9 @@ class Scheduler(BaseScheduler):
         self.stats.inc_value("reliability/dead/item")
         self._schedule_flush()
 
-    def _lease_of(self, request: Request) -> _Lease | None:
-        task_id = request.meta.get(TASK_META)
-        return None if task_id is None else self._leases.get(task_id)
-
     def _settle(
         self,
-        lease: _Lease,
+        lease: Lease,
         outcome: Outcome,
         *,
         status: int | None = None,
@@ -1306,8 +1266,7 @@ class Scheduler(BaseScheduler):
         error_class: str | None = None,
         attempts_inc: int = 0,
     ) -> None:
-        self._stage(lease, _Stage.SETTLING)
-        self._settling[(lease.task_id, lease.token)] = lease
+        self._leases.start_settling(lease)
         self._batch.transitions.append(
             Transition(
                 lease.task_id,
@@ -1513,7 +1472,7 @@ class Scheduler(BaseScheduler):
         )
         self.stats.set_value("reliability/stopped", "frontier_unavailable")
         _exitcode.fail_after_close(self.crawler)
-        _stop_crawl(self.crawler, "frontier_unavailable")
+        engine.stop_crawl(self.crawler, "frontier_unavailable")
 
     def _refuse_alone(
         self, batch: WriteBatch, requests: dict[str, Request], exc: BaseException
@@ -1562,7 +1521,7 @@ class Scheduler(BaseScheduler):
         cannot be stored is buried as ``refused`` instead; anything else (a burial
         whose dead letter cannot be written, an ack) stays unresolved: its lease is
         released at close, so the next run fetches it again (fail closed)."""
-        lease = self._settling.get((tr.task_id, tr.token))
+        lease = self._leases.settling(tr.task_id, tr.token)
         url = lease.url if lease is not None else f"frontier task {tr.task_id}"
         if tr.outcome is Outcome.RESCHEDULE:
             logger.error(
@@ -1589,8 +1548,8 @@ class Scheduler(BaseScheduler):
             {"url": url, "outcome": tr.outcome.value, "error": cause},
             extra={"spider": self.spider},
         )
-        self._forget(tr.task_id, tr.token)
-        self._settling.pop((tr.task_id, tr.token), None)
+        self._leases.forget(tr.task_id, tr.token)
+        self._leases.end_settling(tr.task_id, tr.token)
 
     def _refuse(
         self,
@@ -1647,16 +1606,16 @@ class Scheduler(BaseScheduler):
         watched = self._settled_watched()
         for task_id in result.settled:
             tr = transitions[task_id]
-            self._forget(task_id, tr.token)
-            lease = self._settling.pop((task_id, tr.token), None)
+            self._leases.forget(task_id, tr.token)
+            lease = self._leases.end_settling(task_id, tr.token)
             self.stats.inc_value(f"reliability/{_STAT_OF[tr.outcome]}")
             if watched and lease is not None:
                 self._send_settled(lease, tr)
         if result.lost:
             self.stats.inc_value("reliability/lease/lost", len(result.lost))
             for task_id in result.lost:
-                self._forget(task_id, transitions[task_id].token)
-                self._settling.pop((task_id, transitions[task_id].token), None)
+                self._leases.forget(task_id, transitions[task_id].token)
+                self._leases.end_settling(task_id, transitions[task_id].token)
             logger.warning(
                 "%(error)s", {"error": LeaseLost(result.lost)}, extra={"spider": self.spider}
             )
@@ -1665,34 +1624,13 @@ class Scheduler(BaseScheduler):
             self._idle_until = 0.0
             self._maybe_pending = True
 
-    def _stage(self, lease: _Lease, stage: _Stage) -> None:
-        """Move ``lease`` to ``stage``, counting this worker's requests in the
-        downloader per domain (see :meth:`_pick`)."""
-        if lease.stage is _Stage.FETCHING:
-            left = self._fetching[lease.domain] - 1
-            if left > 0:
-                self._fetching[lease.domain] = left
-            else:
-                del self._fetching[lease.domain]
-        if stage is _Stage.FETCHING:
-            self._fetching[lease.domain] = self._fetching.get(lease.domain, 0) + 1
-        lease.stage = stage
-
-    def _forget(self, task_id: int, token: str) -> None:
-        # The row may already be claimed again under a new lease (a claim result can
-        # be handled before the callback of the write that freed the row).
-        lease = self._leases.get(task_id)
-        if lease is not None and lease.token == token:
-            self._stage(lease, _Stage.SETTLING)
-            del self._leases[task_id]
-
     def _settled_watched(self) -> bool:
         return bool(
             dispatcher.getAllReceivers(dispatcher.Any, reliability_signals.request_settled)
             or dispatcher.getAllReceivers(self.crawler, reliability_signals.request_settled)
         )
 
-    def _send_settled(self, lease: _Lease, tr: Transition) -> None:
+    def _send_settled(self, lease: Lease, tr: Transition) -> None:
         if tr.outcome is Outcome.RESCHEDULE:
             outcome = "retry" if tr.attempts_inc else "redirect"
         elif tr.outcome is Outcome.RELEASE:
@@ -1779,12 +1717,7 @@ class Scheduler(BaseScheduler):
         self._wake_engine()
 
     def _wake_engine(self) -> None:
-        """Ask the engine to call next_request() now rather than at its next
-        5-second heartbeat."""
-        engine = getattr(self.crawler, "engine", None)
-        nextcall = getattr(getattr(engine, "_slot", None), "nextcall", None)
-        if nextcall is not None:
-            nextcall.schedule()
+        engine.wake_engine(self.crawler)
 
     def __len__(self) -> int:
         return len(self._ready) + len(self._batch.inserts)
@@ -1879,18 +1812,6 @@ def _stripped_payload(request: Request | None, spider: Spider) -> str:
         return "{}"
 
 
-def _stop_crawl(crawler: Crawler, reason: str) -> None:
-    """Close the spider with ``reason`` (Scrapy 2.13's and 2.14+'s engine)."""
-    engine = crawler.engine
-    close_async = getattr(engine, "close_spider_async", None)
-    if close_async is not None:
-        from scrapy.utils.defer import deferred_from_coro
-
-        deferred_from_coro(close_async(reason=reason))
-    elif crawler.spider is not None:
-        engine.close_spider(crawler.spider, reason)
-
-
 _STAT_OF = {
     Outcome.DONE: "acked",
     Outcome.IGNORED: "ignored",
@@ -1898,60 +1819,3 @@ _STAT_OF = {
     Outcome.RESCHEDULE: "rescheduled/stored",
     Outcome.RELEASE: "domain/released",
 }
-
-
-def _hook_scrape_completion(
-    crawler: Crawler,
-    on_start: Callable[[Request], None],
-    on_done: Callable[[Any, Request], Deferred[Any] | None],
-) -> Callable[[], None]:
-    """Call ``on_done(result, request)`` when Scrapy has fully processed a
-    downloaded response or failure.
-
-    Scrapy has no signal for that moment: ``Scraper.enqueue_scrape`` returns a
-    Deferred that fires once the callback or errback output is consumed, every
-    request it yielded is scheduled and every item it yielded has left the item
-    pipelines (``item_scraped``/``item_dropped``/``item_error`` sent). This wraps
-    it; returns a function that removes the wrap.
-    """
-    scraper = getattr(getattr(crawler, "engine", None), "scraper", None)
-    original = getattr(scraper, "enqueue_scrape", None)
-    if scraper is None or original is None:
-        raise RuntimeError(
-            "scrapy_reliability.Scheduler cannot find Scraper.enqueue_scrape in this "
-            "Scrapy version; it needs it to acknowledge requests after their items are "
-            "settled. Please report your Scrapy version."
-        )
-
-    def enqueue_scrape(result: Any, request: Request) -> Deferred[Any]:
-        on_start(request)
-        d: Deferred[Any] = original(result, request)
-
-        def done(value: Any) -> Any:
-            pending = on_done(result, request)
-            if pending is None:
-                return value
-            return pending.addBoth(lambda _: value)
-
-        d.addBoth(done)
-        return d
-
-    scraper.enqueue_scrape = enqueue_scrape
-
-    def unhook() -> None:
-        if scraper.enqueue_scrape is enqueue_scrape:
-            scraper.enqueue_scrape = original
-
-    return unhook
-
-
-def _send_item(crawler: Crawler, item: Any) -> Deferred[Any]:
-    """Run ``item`` through the item pipelines (as if a callback yielded it)."""
-    from scrapy.utils.defer import deferred_from_coro
-
-    scraper = crawler.engine.scraper
-    start = getattr(scraper, "start_itemproc_async", None)
-    if start is not None:
-        return deferred_from_coro(start(item, response=None))
-    d: Deferred[Any] = scraper.start_itemproc(item, response=None)
-    return d

@@ -29,7 +29,6 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
@@ -53,16 +52,13 @@ from scrapy_reliability.frontier import (
     ClaimResult,
     ClaimSpec,
     DeadItem,
-    DomainUpdate,
     Frontier,
     FrontierError,
-    FrontierUnavailable,
     Job,
     JobFinished,
     LeaseLost,
     NewRequest,
     Outcome,
-    Refusal,
     StorageLost,
     Transition,
     WriteBatch,
@@ -71,18 +67,16 @@ from scrapy_reliability.frontier import (
 from scrapy_reliability.frontier.dialect import redact, scrub
 from scrapy_reliability.frontier.store import (
     UNPROCESSED_CLASSES,
-    SQLAlchemyError,
     is_storage_failure,
     storable_text,
 )
 from scrapy_reliability.items import DeadLetter, export_to_dead_letter_feeds
 from scrapy_reliability.retry import ErrorClass, RetryPolicy
-from scrapy_reliability.scheduling import engine
+from scrapy_reliability.scheduling import batches, engine, refusals, session
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
 from scrapy_reliability.scheduling.meta import ATTEMPTS_META, RETRY_META, TASK_META, failure_of
+from scrapy_reliability.scheduling.politeness import LocalPoliteness
 from scrapy_reliability.serialization import (
-    MAX_PRIORITY,
-    MIN_PRIORITY,
     CorruptPayload,
     MissingCallback,
     UnserializableRequest,
@@ -100,51 +94,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["TASK_META", "Scheduler"]
 
-# A failed write is tried again after this many seconds; nothing is dropped.
-_WRITE_RETRY_SECONDS = 1.0
-# How long the other requests of a new domain wait for its robots.txt.
-_ROBOTS_WAIT = 15.0
-# How long after its last 429 a domain's adaptive rate keeps recovering.
-_RECOVERY_WINDOW = 600.0
-# Buffered new requests at most before enqueue_request waits for the database.
-_MAX_BUFFERED = 2000
 # With nothing due and other workers holding leases, look again after this long,
 # doubling up to _POLL_SECONDS while nothing turns up.
 _FIRST_POLL_SECONDS = 0.05
 _POLL_SECONDS = 0.5
-
-
-@dataclass
-class _Closing:
-    """What closing the job found (see ``Scheduler._close_frontier``)."""
-
-    released: int = 0
-    lost: int = 0
-    #: Frontier.unprocessed(): pending/leased rows and unanswered dead rows by class.
-    left: dict[str, int] = field(default_factory=dict)
-    #: Other live workers of the job.
-    peers: int = 0
-    #: Why the database could not be closed cleanly.
-    failed: str | None = None
-
-
-@dataclass(frozen=True)
-class _Opened:
-    job: Job
-    recovered: int
-    counts: dict[str, int]
-    #: Other live workers of the job and their spiders' callback names.
-    peers: dict[str, frozenset[str]]
-
-
-def _callback_names(spider: Spider | None) -> list[str]:
-    """The public method names of the spider: what a stored callback can name."""
-    if spider is None:
-        return []
-    cls = type(spider)
-    return sorted(
-        name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name, None))
-    )
 
 
 class Scheduler(BaseScheduler):
@@ -207,19 +160,8 @@ class Scheduler(BaseScheduler):
         # write of ours does not end it).
         self._foreign_backoff = 0.0
         self._foreign_until = 0.0
-        # Domains this worker saw paused (until when) and slowed down (when).
-        self._paused: dict[str, float] = {}
-        self._slowed: dict[str, float] = {}
-        # robots.txt: domains asked (when) and seen, for Crawl-delay.
-        self._obey_robots = crawler.settings.getbool("ROBOTSTXT_OBEY")
-        self._robots_agent = (
-            crawler.settings.get("ROBOTSTXT_USER_AGENT")
-            or crawler.settings.get("USER_AGENT")
-            or "*"
-        )
-        self._robots_asked: dict[str, float] = {}
-        self._robots_seen: set[str] = set()
-        if self._obey_robots:
+        self._politeness = LocalPoliteness(crawler.settings, stats)
+        if self._politeness.obey_robots:
             crawler.signals.connect(self._robots_fetched, signal=signals.response_received)
         # Nothing is due before this time unless something changed (a write landed).
         self._idle_until = 0.0
@@ -258,12 +200,22 @@ class Scheduler(BaseScheduler):
 
     def open(self, spider: Spider) -> Deferred[None]:
         self.spider = spider
+        self._politeness.spider = spider
         settings = self.crawler.settings
         url = _jobs.database_url(self.config, settings, spider.name)
         name = _jobs.job_name(self.config, settings, spider.name)
         _feeds.repair_line_feeds(settings.getdict("FEEDS"))
         self._feed_exporters = _feeds.feed_exporters(self.crawler)
-        d = self._db.deferred(self._open_frontier, url, name)
+        d = self._db.deferred(
+            session.open_job,
+            url,
+            name,
+            config=self.config,
+            scheme=self.dupefilter.scheme,
+            retry_pass=self.retry_pass,
+            worker=session.Worker(self.worker_id, self.hostname, self.pid),
+            callbacks=session.callback_names(spider),
+        )
         return d.addCallbacks(self._opened, self._open_failed)
 
     def _open_failed(self, failure: Failure) -> Failure | None:
@@ -285,75 +237,7 @@ class Scheduler(BaseScheduler):
         self._end_incomplete("frontier_unavailable")
         return None
 
-    def _open_frontier(self, url: str, name: str) -> _Opened | JobFinished:
-        """On the database thread: connect, open the job, register, recover."""
-        frontier = Frontier.connect(
-            url,
-            auto_migrate=self.config.auto_migrate,
-            busy_timeout=self.config.sqlite_busy_timeout,
-        )
-        try:
-            reopened = self._reopen_dead_letters(frontier, name)
-            try:
-                job = frontier.open_job(
-                    name,
-                    self.dupefilter.scheme,
-                    reuse_finished=self.retry_pass is not None,
-                    restart_finished=self.config.restart_finished,
-                )
-            except JobFinished as exc:
-                frontier.close()
-                return exc
-            frontier.register_worker(
-                job.id,
-                self.worker_id,
-                self.hostname,
-                self.pid,
-                callbacks=_callback_names(self.spider),
-            )
-            frontier.record_limits(job.id, self.config.politeness.to_json())
-            # One process per SQLite file (held by the lock), so any other registered
-            # worker of this job is a dead predecessor.
-            exclusive = frontier.engine.dialect.name == "sqlite"
-            recovered = frontier.recover_dead_workers(
-                job.id,
-                me=self.worker_id,
-                is_dead=(lambda _h, _p: True) if exclusive else _jobs.local_process_is_dead,
-            )
-            recovered += frontier.expire(job.id)
-            counts = frontier.counts(job.id) if job.resumed else {}
-            peers = frontier.live_callbacks(
-                job.id, me=self.worker_id, alive_within=self.config.lease_seconds
-            )
-        except SQLAlchemyError as exc:
-            frontier.close()
-            # E.g. a full disk: the database opened but cannot be written.
-            raise FrontierUnavailable(
-                f"Cannot start job {name!r} on the frontier {redact(url)}: "
-                f"{scrub(_one_line(exc), frontier.engine.url)}. "
-                "Fix the database (disk space, permissions) and run the same command again."
-            ) from None
-        except BaseException:
-            frontier.close()
-            raise
-        self.frontier = frontier
-        if reopened is not None:
-            counts["reopened"] = reopened
-        return _Opened(job, recovered, counts, peers)
-
-    def _reopen_dead_letters(self, frontier: Frontier, name: str) -> int | None:
-        if self.retry_pass is None:
-            return None
-        rp = self.retry_pass
-        reopened = frontier.reopen_dead(
-            name,
-            error_classes=rp.error_classes,
-            domains=rp.domains,
-            failed_before=time.time() - rp.min_age if rp.min_age else None,
-        )
-        return 0 if reopened is None else reopened[1]
-
-    def _opened(self, opened: _Opened | JobFinished) -> None:
+    def _opened(self, opened: session.Opened | JobFinished) -> None:
         if isinstance(opened, JobFinished):
             # A worker joining a finished job: no request is scheduled or fetched,
             # and the engine closes the spider at once.
@@ -371,6 +255,7 @@ class Scheduler(BaseScheduler):
             self.stats.set_value("reliability/job/already_finished", True)
             return
         job, recovered, counts = opened.job, opened.recovered, opened.counts
+        self.frontier = opened.frontier
         self._peer_callbacks = opened.peers
         self._peers_at = time.time()
         self.job = job
@@ -440,7 +325,7 @@ class Scheduler(BaseScheduler):
         """Live workers of this job whose spiders have other callbacks: another
         version of the spider. Requests for a callback only one version has go to
         a worker that has it (see docs/scaling.md, "Upgrading a running job")."""
-        mine = frozenset(_callback_names(self.spider))
+        mine = frozenset(session.callback_names(self.spider))
         for worker, theirs in peers.items():
             if not theirs or theirs == mine:
                 continue
@@ -503,58 +388,21 @@ class Scheduler(BaseScheduler):
         # The database thread runs one call at a time, in order: the write in flight
         # (if any) ends before the final writes start, and they are skipped if it failed.
         in_flight = self._flush_future
-        return self._db.deferred(self._close_frontier, batches, finished, in_flight).addCallback(
-            self._closed, reason, released_ready
+        d = self._db.deferred(
+            session.close_job,
+            self.frontier,
+            self.job.id,
+            self.worker_id,
+            batches=batches,
+            finished=finished,
+            in_flight=in_flight,
+            lease_seconds=self.config.lease_seconds,
+            cause=self._cause,
+            spider=self.spider,
         )
+        return d.addCallback(self._closed, reason, released_ready)
 
-    def _close_frontier(
-        self,
-        batches: list[WriteBatch],
-        finished: bool,
-        in_flight: Future[WriteResult] | None = None,
-    ) -> _Closing:
-        """On the database thread: write what is left, release this worker's leases,
-        finish the job if it is complete, and say what keeps it from being so.
-
-        The writes stop at the first that fails (the one in flight included): a later
-        one may ack a parent whose children the failed one held. Their requests stay
-        leased and are released below, so the next run fetches them again."""
-        assert self.frontier is not None and self.job is not None
-        frontier = self.frontier
-        closing = _Closing()
-        try:
-            failed = in_flight is not None and in_flight.exception() is not None
-            for batch in batches:
-                if failed or not batch:
-                    continue
-                try:
-                    closing.lost += len(frontier.write(self.job.id, batch).lost)
-                except SQLAlchemyError as exc:
-                    failed = True
-                    logger.error(
-                        "Final write of %(n)d frontier changes failed: %(error)s; their "
-                        "requests, and those of the writes after it, go back to pending",
-                        {"n": _units(batch), "error": self._cause(exc)},
-                        extra={"spider": self.spider},
-                    )
-            closing.released = frontier.release_leases_of(self.worker_id)
-            if finished:
-                frontier.finish_job_if_complete(self.job.id)
-                closing.left = frontier.unprocessed(self.job.id)
-                closing.peers = len(
-                    frontier.live_callbacks(
-                        self.job.id, me=self.worker_id, alive_within=self.config.lease_seconds
-                    )
-                )
-            frontier.stop_worker(self.worker_id)
-        except Exception as exc:  # whatever it was, close the rest and say so
-            # The database is gone: leases it still holds expire by themselves.
-            closing.failed = self._cause(exc)
-        finally:
-            frontier.close()
-        return closing
-
-    def _closed(self, closing: _Closing, reason: str, ready: int) -> None:
+    def _closed(self, closing: session.Closing, reason: str, ready: int) -> None:
         if self.frontier is not None:
             self.stats.set_value("reliability/db/round_trips", self.frontier.round_trips)
         if closing.lost:
@@ -681,7 +529,7 @@ class Scheduler(BaseScheduler):
         )
         self._batch_requests[key] = request
         self.stats.inc_value("reliability/enqueued")
-        if len(self._batch.inserts) >= _MAX_BUFFERED:
+        if len(self._batch.inserts) >= batches.MAX_BUFFERED:
             self._backpressure()
         else:
             self._schedule_flush()
@@ -749,17 +597,9 @@ class Scheduler(BaseScheduler):
         pause_until = failure.get("pause_until")
         slow_down = bool(failure.get("slow_down"))
         if pause_until:
-            self._pause_locally(lease.domain, float(pause_until))
+            self._politeness.pause(lease.domain, float(pause_until))
         if slow_down:
-            if lease.domain not in self._slowed:
-                logger.info(
-                    "Halving the request rate of %(domain)s (%(why)s); it recovers slowly "
-                    "while requests succeed",
-                    {"domain": lease.domain, "why": failure.get("error")},
-                    extra={"spider": self.spider},
-                )
-            self._slowed[lease.domain] = time.time()
-            self.stats.inc_value("reliability/domain/slowed")
+            self._politeness.slow_down(lease.domain, failure.get("error"))
         self._batch.transitions.append(
             Transition(
                 lease.task_id,
@@ -805,9 +645,10 @@ class Scheduler(BaseScheduler):
         held = sum(len(part.transitions) for part, _ in self._split)
         if len(self._leases) - len(self._ready) - held >= self.max_in_flight:
             return None
-        if self._paused:
-            self._hold_paused()
-        request = self._pick()
+        if self._politeness.paused:
+            self._release_paused()
+        slots, per_domain = engine.download_slots(self.crawler)
+        request = self._politeness.pick(self._ready, self._leases, slots, per_domain)
         if request is None:
             if len(self._ready) < 2 * self.claim_batch and not self._closing:
                 # The buffer is empty, or what it holds waits (busy download slots,
@@ -823,94 +664,24 @@ class Scheduler(BaseScheduler):
         self.stats.inc_value("reliability/dequeued")
         return request
 
-    def _pick(self) -> Request | None:
-        """The request to start now, from the buffer (in claim order).
-
-        Downloader-aware: the first request whose download slot has room
-        (CONCURRENT_REQUESTS_PER_DOMAIN); none while every buffered request's slot is
-        full, as Scrapy's default DownloaderAwarePriorityQueue prefers idle slots.
-        Scrapy's downloader starts every request queued in a slot at once, beyond
-        the slot's concurrency, and its HTTP pool then opens connections only to
-        close them again. With ROBOTSTXT_OBEY, a domain whose robots.txt this
-        worker has not seen yet gets one request (which fetches robots.txt); the
-        others wait for its Crawl-delay."""
-        ready = self._ready
-        if not ready:
-            return None
-        slots, per_domain = engine.download_slots(self.crawler)
-        now = time.time() if self._obey_robots else 0.0
-        for i, request in enumerate(ready):
-            lease = self._leases.of(request)
-            domain = lease.domain if lease is not None else ""
-            if self._obey_robots and not self._robots_allow(domain, now):
-                continue
-            # A request handed over reaches its slot only after the downloader
-            # middlewares: count this worker's own too.
-            slot = slots.get(request.meta.get("download_slot") or domain)
-            limit = slot.concurrency if slot is not None else per_domain
-            busy = max(len(slot.active) if slot is not None else 0, self._leases.fetching(domain))
-            if not limit or busy < limit:
-                del ready[i]
-                if self._obey_robots:
-                    self._robots_asked.setdefault(domain, now)
-                return request
-        return None
-
-    def _robots_allow(self, domain: str, now: float) -> bool:
-        asked = self._robots_asked.get(domain)
-        return asked is None or domain in self._robots_seen or now - asked > _ROBOTS_WAIT
-
     def _robots_fetched(self, response: Any, request: Request, spider: Spider) -> None:
-        """robots.txt of a domain arrived: its Crawl-delay bounds the domain's gap."""
-        if not self._obey_robots or urlparse_cached(request).path != "/robots.txt":
+        update = self._politeness.robots_fetched(response, request)
+        if update is None:
             return
-        domain = urlparse_cached(request).hostname or ""
-        delay: float | None = None
-        if getattr(response, "status", 0) == 200:
-            try:
-                from protego import Protego
-
-                rules = Protego.parse(response.body.decode("utf-8", errors="replace"))
-                found = rules.crawl_delay(self._robots_agent)
-                delay = float(found) if found else None
-            except Exception:  # a broken robots.txt must not stop the crawl
-                delay = None
-        self._robots_seen.add(domain)
-        if delay:
-            logger.info(
-                "robots.txt of %(domain)s asks for Crawl-delay %(d)s s: at most one request "
-                "every %(d)s s from all workers",
-                {"domain": domain, "d": delay},
-                extra={"spider": self.spider},
-            )
-            self.stats.set_value(f"reliability/domain/crawl_delay/{domain}", delay)
-        self._batch.domain_updates.append(DomainUpdate(domain, delay))
+        self._batch.domain_updates.append(update)
         self._schedule_flush()
         self._wake_engine()
 
-    def _pause_locally(self, domain: str, until: float) -> None:
-        if until > self._paused.get(domain, 0.0):
-            self._paused[domain] = until
-            self.stats.inc_value("reliability/domain/paused")
-            logger.info(
-                "Pausing %(domain)s for %(s).1f s (Retry-After), for every worker",
-                {"domain": domain, "s": until - time.time()},
-                extra={"spider": self.spider},
-            )
-
-    def _hold_paused(self) -> None:
+    def _release_paused(self) -> None:
         """Requests of a domain paused while they waited in the buffer go back to
         the frontier, due when the pause ends; they were never started."""
-        now = time.time()
-        for domain, until in list(self._paused.items()):
-            if until <= now:
-                del self._paused[domain]
-        if not self._paused:
+        paused = self._politeness.paused_now()
+        if not paused:
             return
         keep: deque[Request] = deque()
         for request in self._ready:
             lease = self._leases.of(request)
-            paused_until = self._paused.get(lease.domain) if lease is not None else None
+            paused_until = paused.get(lease.domain) if lease is not None else None
             if lease is None or paused_until is None:
                 keep.append(request)
                 continue
@@ -977,10 +748,10 @@ class Scheduler(BaseScheduler):
             return
         logger.error(
             "Claiming requests failed: %(error)s; trying again in %(s).0f s",
-            {"error": exc, "s": _WRITE_RETRY_SECONDS},
+            {"error": exc, "s": batches.WRITE_RETRY_SECONDS},
             extra={"spider": self.spider},
         )
-        self._idle_until = time.time() + _WRITE_RETRY_SECONDS
+        self._idle_until = time.time() + batches.WRITE_RETRY_SECONDS
         self._maybe_pending = True
         self._wake_at(self._idle_until)
 
@@ -1163,13 +934,9 @@ class Scheduler(BaseScheduler):
             }
         if failure is None:
             self._settle(lease, Outcome.DONE)
-            slowed = self._slowed.get(lease.domain)
-            if slowed is not None:
-                if time.time() - slowed > _RECOVERY_WINDOW:
-                    del self._slowed[lease.domain]
-                else:
-                    recoveries = self._batch.recoveries
-                    recoveries[lease.domain] = recoveries.get(lease.domain, 0) + 1
+            if self._politeness.recovering(lease.domain):
+                recoveries = self._batch.recoveries
+                recoveries[lease.domain] = recoveries.get(lease.domain, 0) + 1
             return None
         return self._bury(lease, failure)
 
@@ -1384,10 +1151,10 @@ class Scheduler(BaseScheduler):
             if not self._storage_trouble(exc):
                 self._schedule_flush()
             return
-        parts = _halves(batch)
+        parts = batches.halves(batch)
         if len(parts) == 1:
             self._alone_failures += 1
-            if self._alone_failures >= _SYSTEMATIC_FAILURES:
+            if self._alone_failures >= batches.SYSTEMATIC_FAILURES:
                 # Change after change refused, nothing written in between: not a bad
                 # value but a database that refuses everything (permissions, a bug).
                 self._split.appendleft((batch, requests))
@@ -1399,7 +1166,7 @@ class Scheduler(BaseScheduler):
                 logger.warning(
                     "Writing %(n)d frontier changes failed: %(error)s; writing them in "
                     "parts to find the one the database refuses (nothing is dropped)",
-                    {"n": _units(batch), "error": self._cause(exc)},
+                    {"n": batches.units(batch), "error": self._cause(exc)},
                     extra={"spider": self.spider},
                 )
             for part in reversed(parts):
@@ -1408,7 +1175,7 @@ class Scheduler(BaseScheduler):
 
     def _cause(self, exc: BaseException) -> str:
         """``exc`` in one line, without the database URL's credentials."""
-        line = _one_line(exc)
+        line = batches.one_line(exc)
         if self.frontier is not None:
             line = scrub(line, self.frontier.engine.url)
         return line
@@ -1433,7 +1200,7 @@ class Scheduler(BaseScheduler):
         if isinstance(exc, StorageLost) or lasted >= self._give_up_seconds:
             self._stop_for_storage(exc, lasted)
             return True
-        delay = min(_WRITE_RETRY_SECONDS * 2 ** (self._storage_failures - 1), 5.0)
+        delay = min(batches.WRITE_RETRY_SECONDS * 2 ** (self._storage_failures - 1), 5.0)
         self._retry_at = now + delay
         self._idle_until = max(self._idle_until, self._retry_at)
         self._wake_at(self._retry_at)
@@ -1457,7 +1224,7 @@ class Scheduler(BaseScheduler):
             message = str(exc)
         elif systematic:
             message = (
-                f"The frontier database {where} refused {_SYSTEMATIC_FAILURES} changes in a "
+                f"The frontier database {where} refused {batches.SYSTEMATIC_FAILURES} changes in a "
                 f"row, each alone: {self._cause(exc)}. Fix it (permissions, schema) and run "
                 "the same command again: the crawl resumes where it stopped."
             )
@@ -1574,13 +1341,8 @@ class Scheduler(BaseScheduler):
             {"url": storable_text(url, 500), "reason": reason},
             extra={"spider": self.spider},
         )
-        refusal = Refusal(
-            fingerprint=key,
-            url=storable_text(url, _URL_RECORD_LIMIT),
-            domain=storable_text(_hostname(url), 255),
-            priority=max(MIN_PRIORITY, min(MAX_PRIORITY, priority)),
-            payload=_stripped_payload(request, self.spider),
-            reason=reason,
+        refusal = refusals.refusal(
+            request, self.spider, key=key, url=url, priority=priority, reason=reason
         )
         if first:
             # Found while a failed write is split: recorded before the parts after
@@ -1657,17 +1419,15 @@ class Scheduler(BaseScheduler):
     def _beat(self) -> None:
         if self.job is None or self._closing:
             return
-        self._db.call_soon(self._beat_on_thread, self._beaten, self.job.id)
-
-    def _beat_on_thread(self, job_id: int) -> tuple[int, int, dict[str, frozenset[str]]]:
         assert self.frontier is not None
-        self.frontier.check_storage()
-        renewed = self.frontier.renew(self.worker_id, lease_seconds=self.config.lease_seconds)
-        expired = self.frontier.expire(job_id)
-        peers = self.frontier.live_callbacks(
-            job_id, me=self.worker_id, alive_within=self.config.lease_seconds
+        self._db.call_soon(
+            session.beat,
+            self._beaten,
+            self.frontier,
+            self.worker_id,
+            self.job.id,
+            self.config.lease_seconds,
         )
-        return renewed, expired, peers
 
     def _beaten(self, future: Future[tuple[int, int, dict[str, frozenset[str]]]]) -> None:
         exc = future.exception()
@@ -1726,90 +1486,6 @@ class Scheduler(BaseScheduler):
 # A row whose callback this worker lacks goes back for a worker that has it, at most
 # this many times.
 _MAX_HAND_BACKS = 1000
-# This many changes refused one after the other, each alone, with no write in between:
-# the database refuses everything, not one value; the crawl stops.
-_SYSTEMATIC_FAILURES = 25
-# A refused request's URL is kept up to this many characters.
-_URL_RECORD_LIMIT = 8192
-
-
-def _units(batch: WriteBatch) -> int:
-    return (
-        len(batch.inserts)
-        + len(batch.refusals)
-        + len(batch.dead_items)
-        + len(batch.transitions)
-        + (1 if batch.domain_updates or batch.recoveries else 0)
-    )
-
-
-def _halves(batch: WriteBatch) -> list[WriteBatch]:
-    """``batch`` as two smaller batches, in the order a write applies them
-    (inserts before the transitions that may ack their parents); itself when it
-    holds one change."""
-    units: list[tuple[str, Any]] = (
-        [("insert", r) for r in batch.inserts]
-        + [("refusal", r) for r in batch.refusals]
-        + [("dead_item", d) for d in batch.dead_items]
-        + [("transition", t) for t in batch.transitions]
-    )
-    if batch.domain_updates or batch.recoveries:
-        units.append(("domains", (batch.domain_updates, batch.recoveries)))
-    if len(units) <= 1:
-        return [batch]
-    middle = len(units) // 2
-    parts = []
-    for chunk in (units[:middle], units[middle:]):
-        part = WriteBatch(clear_dead_letters=batch.clear_dead_letters)
-        for kind, unit in chunk:
-            if kind == "insert":
-                part.inserts.append(unit)
-            elif kind == "refusal":
-                part.refusals.append(unit)
-            elif kind == "dead_item":
-                part.dead_items.append(unit)
-            elif kind == "transition":
-                part.transitions.append(unit)
-            else:
-                part.domain_updates, part.recoveries = unit
-        parts.append(part)
-    return parts
-
-
-def _one_line(exc: BaseException) -> str:
-    """An error in one line, without SQLAlchemy's statement and parameters (a
-    batch's parameters can be megabytes, and are the request's data)."""
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(orig if orig is not None else exc).__name__}: {first}"[:500]
-
-
-def _hostname(url: str) -> str:
-    try:
-        return urlparse_cached(Request(url)).hostname or ""
-    except Exception:  # a URL Request refuses has no hostname worth keeping
-        return ""
-
-
-def _stripped_payload(request: Request | None, spider: Spider) -> str:
-    """What can be stored of a refused request: its URL, method, callbacks and
-    priority, without meta, cb_kwargs, headers or body (one of which is what was
-    refused). '{}' when not even that can be stored (replayed, it is corrupt)."""
-    if request is None:
-        return "{}"
-    try:
-        bare = Request(
-            request.url,
-            method=request.method,
-            callback=request.callback,
-            errback=request.errback,
-            priority=max(MIN_PRIORITY, min(MAX_PRIORITY, request.priority)),
-            dont_filter=request.dont_filter,
-        )
-        return request_to_payload(bare, spider)
-    except Exception:  # whatever refused the request may refuse this too
-        return "{}"
 
 
 _STAT_OF = {

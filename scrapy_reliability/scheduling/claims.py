@@ -102,7 +102,7 @@ class ClaimBuffer:
             self.writes.write(claim=True)
             return
         self.in_flight = ctx.db.call_soon(
-            self._claim_on_thread, self._claimed, ctx.job.id, inline=ctx.inline
+            self._claim_on_thread, self._claim_landed, ctx.job.id, inline=ctx.inline
         )
 
     def _claim_on_thread(self, job_id: int) -> ClaimResult:
@@ -117,7 +117,7 @@ class ClaimBuffer:
             politeness=spec.politeness,
         )
 
-    def _claimed(self, future: Future[ClaimResult]) -> None:
+    def _claim_landed(self, future: Future[ClaimResult]) -> None:
         if future is not self.in_flight:
             return  # already handled
         self.in_flight = None

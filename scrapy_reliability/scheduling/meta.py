@@ -23,6 +23,27 @@ RETRY_META = "reliability_retry"
 #: On a request that failed for good: why, for its dead letter (a :class:`FailureMeta`).
 FAILURE_META = "reliability_failure"
 
+#: Meta keys that describe one fetch of a request, not the request: never stored.
+TRANSIENT_META = frozenset(
+    {
+        TASK_META,
+        ATTEMPTS_META,
+        RETRY_META,
+        FAILURE_META,
+        "download_latency",
+        "_slot_proxy",
+    }
+)
+
+#: Per-request overrides of the retry policy a spider may set: meta key, the
+#: RetryPolicy field it overrides, and its type.
+RETRY_OVERRIDES: tuple[tuple[str, str, type[int] | type[float]], ...] = (
+    ("reliability_max_attempts", "max_attempts", int),
+    ("reliability_backoff_base", "backoff_base", float),
+    ("reliability_backoff_max", "backoff_max", float),
+    ("reliability_retry_after_max", "retry_after_max", float),
+)
+
 
 class FailureMeta(TypedDict):
     """Why a request failed for good."""

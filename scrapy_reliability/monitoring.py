@@ -41,6 +41,7 @@ from scrapy_reliability.config import Config, SettingError, limits_text
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.inspect import Inspector, Probe
 from scrapy_reliability.frontier.schema import ERROR_CLASSES, STATES
+from scrapy_reliability.scheduling.engine import engine_scheduler
 from scrapy_reliability.scheduling.meta import TASK_META
 
 if TYPE_CHECKING:
@@ -262,7 +263,7 @@ class CrawlMonitor:
     # -- open / close -----------------------------------------------------------------------
 
     def _opened(self, spider: Any) -> None:
-        scheduler = _scheduler(self.crawler)
+        scheduler = engine_scheduler(self.crawler)
         frontier = getattr(scheduler, "frontier", None)
         job = getattr(scheduler, "job", None)
         self._worker = str(getattr(scheduler, "worker_id", "") or "")
@@ -675,14 +676,6 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not worth a log line each."""
-
-
-def _scheduler(crawler: Crawler) -> Any:
-    engine = getattr(crawler, "engine", None)
-    scheduler = getattr(engine, "scheduler", None)
-    if scheduler is None:
-        scheduler = getattr(getattr(engine, "_slot", None), "scheduler", None)
-    return scheduler
 
 
 # -- events -----------------------------------------------------------------------------------

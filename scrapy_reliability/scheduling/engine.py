@@ -100,3 +100,13 @@ def download_slots(crawler: Crawler) -> tuple[dict[str, Any], int]:
     slots: dict[str, Any] = getattr(downloader, "slots", None) or {}
     per_domain = int(getattr(downloader, "domain_concurrency", 0) or 0)
     return slots, per_domain
+
+
+def engine_scheduler(crawler: Crawler) -> Any:
+    """The engine's scheduler (a public attribute in Scrapy 2.13+, on the engine's
+    private slot before)."""
+    engine = getattr(crawler, "engine", None)
+    scheduler = getattr(engine, "scheduler", None)
+    if scheduler is None:
+        scheduler = getattr(getattr(engine, "_slot", None), "scheduler", None)
+    return scheduler

@@ -19,7 +19,7 @@ import logging
 import re
 import time
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scrapy import Request
 from scrapy.downloadermiddlewares.retry import get_retry_request
@@ -32,6 +32,15 @@ from scrapy.utils.response import response_status_message
 
 from scrapy_reliability.config import MAX_SECONDS, SettingError, nonnegative_float
 from scrapy_reliability.retry import Action, ErrorClass, RetryPolicy, parse_retry_after
+from scrapy_reliability.scheduling.meta import (
+    ATTEMPTS_META,
+    FAILURE_META,
+    RETRY_META,
+    TASK_META,
+    FailureMeta,
+    RetryMeta,
+    failure_of,  # noqa: F401  (re-exported: imported from here before scheduling.meta)
+)
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -39,16 +48,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
-
-#: Failed attempts of the request's row before this one (set at claim).
-ATTEMPTS_META = "reliability_attempts"
-#: On a retry copy: the failure and when to try again.
-RETRY_META = "reliability_retry"
-#: On a request that failed for good: why, for its dead letter.
-FAILURE_META = "reliability_failure"
-#: Set by the scheduler on every request it hands out (the frontier row's id); the
-#: scheduler imports this module, so the name is repeated here rather than imported.
-_TASK_META = "reliability_task_id"
 
 
 class RetryMiddleware:
@@ -82,7 +81,7 @@ class RetryMiddleware:
         )
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
-        if _TASK_META not in request.meta:
+        if TASK_META not in request.meta:
             return self._scrapy_rules.process_response(request, response)
         if request.meta.get("dont_retry") or self._handled_by_spider(request, response.status):
             return response
@@ -125,7 +124,7 @@ class RetryMiddleware:
         return retry if retry is not None else response
 
     def process_exception(self, request: Request, exception: Exception) -> Request | None:
-        if _TASK_META not in request.meta:
+        if TASK_META not in request.meta:
             return self._scrapy_rules.process_exception(request, exception)
         if isinstance(exception, IgnoreRequest) or request.meta.get("dont_retry"):
             return None
@@ -173,7 +172,7 @@ class RetryMiddleware:
             retry = request.copy()
             retry.dont_filter = True
             not_before = time.time() + decision.delay
-            retry.meta[RETRY_META] = {
+            retry_meta: RetryMeta = {
                 "error_class": cls,
                 "status": status,
                 "error": error,
@@ -184,17 +183,19 @@ class RetryMiddleware:
                 # A 429 halves the domain's adaptive rate.
                 "slow_down": slow_down or status == 429,
             }
+            retry.meta[RETRY_META] = retry_meta
             return retry
         self.stats.inc_value(f"reliability/gave_up/{cls}")
         logger.info(
             "Dead-lettering %(request)s: %(cls)s error (%(error)s), %(reason)s",
             {"request": request, "cls": cls, "error": error, "reason": decision.reason},
         )
-        request.meta[FAILURE_META] = {
+        failure: FailureMeta = {
             "error_class": cls,
             "status": status,
             "error": f"{error}; {decision.reason}",
         }
+        request.meta[FAILURE_META] = failure
         return None
 
     def _retry_after(self, request: Request, values: list[bytes]) -> float | None:
@@ -269,12 +270,6 @@ class _ScrapyRetryRules:
             max_retry_times=request.meta.get("max_retry_times"),
             priority_adjust=request.meta.get("priority_adjust"),
         )
-
-
-def failure_of(request: Request) -> dict[str, Any] | None:
-    """The failure the middleware recorded on a request it gave up on."""
-    value = request.meta.get(FAILURE_META)
-    return value if isinstance(value, dict) else None
 
 
 class BanDetector:

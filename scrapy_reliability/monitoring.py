@@ -41,6 +41,8 @@ from scrapy_reliability.config import Config, SettingError, limits_text
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.inspect import Inspector, Probe
 from scrapy_reliability.frontier.schema import ERROR_CLASSES, STATES
+from scrapy_reliability.scheduling.engine import engine_scheduler
+from scrapy_reliability.scheduling.meta import TASK_META
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -52,8 +54,6 @@ logger = logging.getLogger(__name__)
 #: Request outcome events (JSON logs only).
 request_logger = logging.getLogger("scrapy_reliability.requests")
 
-#: Request meta key of the frontier row (the scheduler's ``TASK_META``).
-_TASK_META = "reliability_task_id"
 #: Sliding window of the 429 share gauges.
 _WINDOW_SECONDS = 60.0
 _BUCKET_SECONDS = 10.0
@@ -263,7 +263,7 @@ class CrawlMonitor:
     # -- open / close -----------------------------------------------------------------------
 
     def _opened(self, spider: Any) -> None:
-        scheduler = _scheduler(self.crawler)
+        scheduler = engine_scheduler(self.crawler)
         frontier = getattr(scheduler, "frontier", None)
         job = getattr(scheduler, "job", None)
         self._worker = str(getattr(scheduler, "worker_id", "") or "")
@@ -336,7 +336,7 @@ class CrawlMonitor:
     # -- signals ------------------------------------------------------------------------------
 
     def _attempt(self, request: Request) -> _Attempt | None:
-        task_id = request.meta.get(_TASK_META)
+        task_id = request.meta.get(TASK_META)
         if task_id is None:
             return None
         found = self._attempts.get(task_id)
@@ -676,14 +676,6 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not worth a log line each."""
-
-
-def _scheduler(crawler: Crawler) -> Any:
-    engine = getattr(crawler, "engine", None)
-    scheduler = getattr(engine, "scheduler", None)
-    if scheduler is None:
-        scheduler = getattr(getattr(engine, "_slot", None), "scheduler", None)
-    return scheduler
 
 
 # -- events -----------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from scrapy_reliability.config import (
     nonnegative_float,
     positive_int,
 )
+from scrapy_reliability.scheduling.meta import RETRY_OVERRIDES
 
 
 class ErrorClass(str, enum.Enum):
@@ -270,12 +271,7 @@ class RetryPolicy:
     def with_overrides(self, meta: Mapping[str, Any]) -> RetryPolicy:
         """This policy with a request's ``reliability_*`` meta overrides applied."""
         changes: dict[str, Any] = {}
-        for key, attr, kind in (
-            ("reliability_max_attempts", "max_attempts", int),
-            ("reliability_backoff_base", "backoff_base", float),
-            ("reliability_backoff_max", "backoff_max", float),
-            ("reliability_retry_after_max", "retry_after_max", float),
-        ):
+        for key, attr, kind in RETRY_OVERRIDES:
             if meta.get(key) is not None:
                 changes[attr] = kind(meta[key])
         if not changes:

@@ -21,72 +21,32 @@ Contract with the engine (see :class:`scrapy.core.scheduler.BaseScheduler`):
 
 from __future__ import annotations
 
-import enum
-import json
-import logging
-import math
-import time
 import uuid
-from collections import deque
-from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from itemadapter import ItemAdapter
-from pydispatch import dispatcher  # type: ignore[import-untyped]
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
-from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
-from twisted.internet import task
-from twisted.internet.defer import Deferred, succeed
-from twisted.python.failure import Failure
+from twisted.internet.defer import Deferred
 
-from scrapy_reliability import _exitcode, _feeds, _jobs
-from scrapy_reliability import signals as reliability_signals
-from scrapy_reliability._executor import DatabaseThread, the_reactor
 from scrapy_reliability.config import Config
 from scrapy_reliability.dupefilter import DupeFilter
-from scrapy_reliability.frontier import (
-    Claimed,
-    ClaimResult,
-    ClaimSpec,
-    DeadItem,
-    DomainUpdate,
-    Frontier,
-    FrontierError,
-    FrontierUnavailable,
-    Job,
-    JobFinished,
-    LeaseLost,
-    NewRequest,
-    Outcome,
-    Refusal,
-    StorageLost,
-    Transition,
-    WriteBatch,
-    WriteResult,
-)
-from scrapy_reliability.frontier.dialect import redact, scrub
-from scrapy_reliability.frontier.store import (
-    UNPROCESSED_CLASSES,
-    SQLAlchemyError,
-    is_storage_failure,
-    storable_text,
-)
-from scrapy_reliability.items import DeadLetter, export_to_dead_letter_feeds
-from scrapy_reliability.middlewares import ATTEMPTS_META, RETRY_META, failure_of
-from scrapy_reliability.retry import ErrorClass, RetryPolicy
+from scrapy_reliability.frontier import Frontier, Job, NewRequest
+from scrapy_reliability.retry import RetryPolicy
+from scrapy_reliability.scheduling import engine
+from scrapy_reliability.scheduling.claims import ClaimBuffer
+from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.leases import LeaseBook, Stage
+from scrapy_reliability.scheduling.meta import TASK_META
+from scrapy_reliability.scheduling.outcomes import Outcomes
+from scrapy_reliability.scheduling.politeness import LocalPoliteness
+from scrapy_reliability.scheduling.session import Session
+from scrapy_reliability.scheduling.storage import StorageHealth
+from scrapy_reliability.scheduling.writes import WritePipeline
 from scrapy_reliability.serialization import (
-    MAX_PRIORITY,
-    MIN_PRIORITY,
-    CorruptPayload,
-    MissingCallback,
     UnserializableRequest,
     check_storable_fields,
-    payload_to_request,
     request_to_payload,
 )
 
@@ -95,85 +55,12 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from typing_extensions import Self
 
-logger = logging.getLogger(__name__)
-
-#: Request meta key holding the frontier row id of a request this worker leased.
-TASK_META = "reliability_task_id"
-
-# A failed write is tried again after this many seconds; nothing is dropped.
-_WRITE_RETRY_SECONDS = 1.0
-# How long the other requests of a new domain wait for its robots.txt.
-_ROBOTS_WAIT = 15.0
-# How long after its last 429 a domain's adaptive rate keeps recovering.
-_RECOVERY_WINDOW = 600.0
-# Buffered new requests at most before enqueue_request waits for the database.
-_MAX_BUFFERED = 2000
-# With nothing due and other workers holding leases, look again after this long,
-# doubling up to _POLL_SECONDS while nothing turns up.
-_FIRST_POLL_SECONDS = 0.05
-_POLL_SECONDS = 0.5
-
-
-class _Stage(enum.Enum):
-    READY = "ready"  # claimed, in the local buffer
-    FETCHING = "fetching"  # handed to the engine, in the downloader
-    SCRAPING = "scraping"  # the callback/errback and its output are being processed
-    SETTLING = "settling"  # its transition is buffered or being written
-
-
-@dataclass
-class _Lease:
-    task_id: int
-    token: str
-    key: str
-    stage: _Stage
-    #: Scrapy's retry count when claimed: a request sent back with a higher one is
-    #: a retry (one more attempt); otherwise a redirect.
-    retry_times: int = 0
-    #: Failed attempts of the row before this claim.
-    attempts: int = 0
-    first_failed_at: float | None = None
-    url: str = ""
-    method: str = "GET"
-    domain: str = ""
-    claimed_at: float = 0.0
-
-
-@dataclass
-class _Closing:
-    """What closing the job found (see ``Scheduler._close_frontier``)."""
-
-    released: int = 0
-    lost: int = 0
-    #: Frontier.unprocessed(): pending/leased rows and unanswered dead rows by class.
-    left: dict[str, int] = field(default_factory=dict)
-    #: Other live workers of the job.
-    peers: int = 0
-    #: Why the database could not be closed cleanly.
-    failed: str | None = None
-
-
-@dataclass(frozen=True)
-class _Opened:
-    job: Job
-    recovered: int
-    counts: dict[str, int]
-    #: Other live workers of the job and their spiders' callback names.
-    peers: dict[str, frozenset[str]]
-
-
-def _callback_names(spider: Spider | None) -> list[str]:
-    """The public method names of the spider: what a stored callback can name."""
-    if spider is None:
-        return []
-    cls = type(spider)
-    return sorted(
-        name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name, None))
-    )
+__all__ = ["TASK_META", "Scheduler"]
 
 
 class Scheduler(BaseScheduler):
-    """``SCHEDULER = "scrapy_reliability.Scheduler"``."""
+    """``SCHEDULER = "scrapy_reliability.Scheduler"``: Scrapy's side of the
+    scheduling core (``scrapy_reliability.scheduling``), wired here."""
 
     def __init__(
         self,
@@ -186,90 +73,45 @@ class Scheduler(BaseScheduler):
         self.config = config
         self.dupefilter = dupefilter
         self.stats = stats
-        self.spider: Spider | None = None
-        self.frontier: Frontier | None = None
-        self.job: Job | None = None
-        self.worker_id, self.hostname, self.pid = _jobs.worker_identity()
-        self._db = DatabaseThread()
-        self._ready: deque[Request] = deque()
-        self._leases: dict[int, _Lease] = {}
-        # Leases handed to the engine and not yet back (stage FETCHING), by domain.
-        self._fetching: dict[str, int] = {}
-        self._poll_delay = _FIRST_POLL_SECONDS
-        # Set when this worker joined a job that had already finished.
-        self._job_finished = False
-        # Leases whose transition is buffered or being written, by (task id, token):
-        # what request_settled reports once it commits (the row may be claimed
-        # again, under a new lease, before the write's callback runs).
-        self._settling: dict[tuple[int, str], _Lease] = {}
-        self._batch = WriteBatch()
-        self._batch_requests: dict[str, Request] = {}
-        self._flush_future: Future[WriteResult] | None = None
-        # The handler of the write in flight, run once: by its completion callback,
-        # or earlier by backpressure waiting for it.
-        self._flush_handlers: dict[Future[WriteResult], Callable[[Future[WriteResult]], None]] = {}
-        self._flush_scheduled = False
-        # The claim in flight: alone, or carried by the write in flight.
-        self._claim_future: Future[Any] | None = None
-        # A claim asked for while a write was in flight: it rides on the next write.
-        self._claim_wanted = False
-        self._inline = False
-        # Parts of a failed write, written one at a time and in order before anything
-        # newer (a parent's ack never overtakes its children): the whole batch again
-        # after a storage failure, or halves of it while the row the database
-        # refuses is looked for.
-        self._split: deque[tuple[WriteBatch, dict[str, Request]]] = deque()
-        # No write or claim before then (a storage failure is being waited out).
-        self._retry_at = 0.0
-        self._retry_call: Any = None
-        self._failing_since: float | None = None
-        self._storage_failures = 0
-        # Changes refused alone in a row, nothing written in between.
-        self._alone_failures = 0
-        self._give_up_seconds = config.storage_give_up_seconds
-        self._stopping = False
-        # Other live workers of the job and their spiders' callbacks (mixed versions).
-        self._peer_callbacks: dict[str, frozenset[str]] = {}
-        self._peers_at = 0.0
-        self._peers_future: Future[dict[str, frozenset[str]]] | None = None
-        self._handed_back: dict[int, int] = {}
-        # Seconds this worker waits before claiming again after a claim of only rows
-        # it had to hand back; no claim before _foreign_until (unlike _idle_until, a
-        # write of ours does not end it).
-        self._foreign_backoff = 0.0
-        self._foreign_until = 0.0
-        # Domains this worker saw paused (until when) and slowed down (when).
-        self._paused: dict[str, float] = {}
-        self._slowed: dict[str, float] = {}
-        # robots.txt: domains asked (when) and seen, for Crawl-delay.
-        self._obey_robots = crawler.settings.getbool("ROBOTSTXT_OBEY")
-        self._robots_agent = (
-            crawler.settings.get("ROBOTSTXT_USER_AGENT")
-            or crawler.settings.get("USER_AGENT")
-            or "*"
-        )
-        self._robots_asked: dict[str, float] = {}
-        self._robots_seen: set[str] = set()
-        if self._obey_robots:
-            crawler.signals.connect(self._robots_fetched, signal=signals.response_received)
-        # Nothing is due before this time unless something changed (a write landed).
-        self._idle_until = 0.0
-        self._maybe_pending = True
-        self._feed_exporters: list[Any] = []
-        self._heartbeat: task.LoopingCall | None = None
-        self._wake_call: Any = None
-        self._unhook: Callable[[], None] | None = None
-        self._closing = False
+        self.retry_pass = config.retry_pass
+        self.policy = RetryPolicy.from_settings(crawler.settings)
         self.max_in_flight = config.max_in_flight or crawler.settings.getint("CONCURRENT_REQUESTS")
         # Claim no more than this worker can start: rows leased into one worker's
         # buffer wait there while other workers may have nothing to do.
         self.claim_batch = max(1, min(config.claim_batch, self.max_in_flight))
-        self.policy = RetryPolicy.from_settings(crawler.settings)
-        self.retry_pass = config.retry_pass
-        crawler.signals.connect(self._item_error, signal=signals.item_error)
-        crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
-        # Set when the run ends incomplete: replaces Scrapy's "finished".
-        self._finish_reason: str | None = None
+        self._ctx = ctx = Context(crawler, config, stats)
+        self._leases = LeaseBook()
+        self._politeness = LocalPoliteness(crawler.settings, stats)
+        if self._politeness.obey_robots:
+            crawler.signals.connect(self._robots_fetched, signal=signals.response_received)
+        # The claim buffer, built below, waits out storage failures too.
+        self._storage = StorageHealth(
+            ctx,
+            wait_until=lambda when: self._claims.wait_until(when),  # noqa: PLW0108
+        )
+        self._writes = WritePipeline(
+            ctx, self._leases, self._storage, dupefilter, lambda: engine.wake_engine(crawler)
+        )
+        self._outcomes = Outcomes(ctx, self._leases, self._writes, self._politeness, self.policy)
+        self._claims = ClaimBuffer(
+            ctx,
+            self._leases,
+            self._writes,
+            self._storage,
+            claim_batch=self.claim_batch,
+            hand_back_or_bury=self._outcomes.hand_back_or_bury,
+            bury_unbuildable=self._outcomes.bury_unbuildable,
+        )
+        self._writes.claims = self._claims
+        crawler.signals.connect(self._outcomes.record_item_failure, signal=signals.item_error)
+        self._session = Session(
+            ctx,
+            dupefilter,
+            storage=self._storage,
+            writes=self._writes,
+            claims=self._claims,
+            outcomes=self._outcomes,
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -285,378 +127,54 @@ class Scheduler(BaseScheduler):
         assert crawler.stats is not None
         return cls(crawler, config, dupefilter, crawler.stats)
 
-    # -- open / close -----------------------------------------------------------------------
+    # What the monitoring extension reads.
+    @property
+    def spider(self) -> Spider | None:
+        return self._ctx.spider
+
+    @property
+    def frontier(self) -> Frontier | None:
+        return self._ctx.frontier
+
+    @property
+    def job(self) -> Job | None:
+        return self._ctx.job
+
+    @property
+    def worker_id(self) -> str:
+        return self._ctx.worker_id
+
+    # -- Scrapy's scheduler interface --------------------------------------------------------
 
     def open(self, spider: Spider) -> Deferred[None]:
-        self.spider = spider
-        settings = self.crawler.settings
-        url = _jobs.database_url(self.config, settings, spider.name)
-        name = _jobs.job_name(self.config, settings, spider.name)
-        _feeds.repair_line_feeds(settings.getdict("FEEDS"))
-        self._feed_exporters = _feeds.feed_exporters(self.crawler)
-        d = self._db.deferred(self._open_frontier, url, name)
-        return d.addCallbacks(self._opened, self._open_failed)
-
-    def _open_failed(self, failure: Failure) -> Failure | None:
-        self._db.shutdown()
-        if not isinstance(failure.value, FrontierError):
-            return failure
-        # Say what to do, plainly and once. (Most such errors are found before the
-        # engine exists, by the add-on's startup check; these are the ones only
-        # opening the job finds: a full disk, a job started with other keys.)
-        # Failing open() would add Scrapy's secondary tracebacks (a scraper that
-        # never opened): the crawl instead runs with nothing to schedule, ends at
-        # once, and reports the failure in its finish reason and exit status.
-        logger.error(
-            "Cannot start the frontier: %(error)s",
-            {"error": failure.value},
-            extra={"spider": self.spider},
-        )
-        self._job_finished = True
-        self._end_incomplete("frontier_unavailable")
-        return None
-
-    def _open_frontier(self, url: str, name: str) -> _Opened | JobFinished:
-        """On the database thread: connect, open the job, register, recover."""
-        frontier = Frontier.connect(
-            url,
-            auto_migrate=self.config.auto_migrate,
-            busy_timeout=self.config.sqlite_busy_timeout,
-        )
-        try:
-            reopened = self._reopen_dead_letters(frontier, name)
-            try:
-                job = frontier.open_job(
-                    name,
-                    self.dupefilter.scheme,
-                    reuse_finished=self.retry_pass is not None,
-                    restart_finished=self.config.restart_finished,
-                )
-            except JobFinished as exc:
-                frontier.close()
-                return exc
-            frontier.register_worker(
-                job.id,
-                self.worker_id,
-                self.hostname,
-                self.pid,
-                callbacks=_callback_names(self.spider),
-            )
-            frontier.record_limits(job.id, self.config.politeness.to_json())
-            # One process per SQLite file (held by the lock), so any other registered
-            # worker of this job is a dead predecessor.
-            exclusive = frontier.engine.dialect.name == "sqlite"
-            recovered = frontier.recover_dead_workers(
-                job.id,
-                me=self.worker_id,
-                is_dead=(lambda _h, _p: True) if exclusive else _jobs.local_process_is_dead,
-            )
-            recovered += frontier.expire(job.id)
-            counts = frontier.counts(job.id) if job.resumed else {}
-            peers = frontier.live_callbacks(
-                job.id, me=self.worker_id, alive_within=self.config.lease_seconds
-            )
-        except SQLAlchemyError as exc:
-            frontier.close()
-            # E.g. a full disk: the database opened but cannot be written.
-            raise FrontierUnavailable(
-                f"Cannot start job {name!r} on the frontier {redact(url)}: "
-                f"{scrub(_one_line(exc), frontier.engine.url)}. "
-                "Fix the database (disk space, permissions) and run the same command again."
-            ) from None
-        except BaseException:
-            frontier.close()
-            raise
-        self.frontier = frontier
-        if reopened is not None:
-            counts["reopened"] = reopened
-        return _Opened(job, recovered, counts, peers)
-
-    def _reopen_dead_letters(self, frontier: Frontier, name: str) -> int | None:
-        if self.retry_pass is None:
-            return None
-        rp = self.retry_pass
-        reopened = frontier.reopen_dead(
-            name,
-            error_classes=rp.error_classes,
-            domains=rp.domains,
-            failed_before=time.time() - rp.min_age if rp.min_age else None,
-        )
-        return 0 if reopened is None else reopened[1]
-
-    def _opened(self, opened: _Opened | JobFinished) -> None:
-        if isinstance(opened, JobFinished):
-            # A worker joining a finished job: no request is scheduled or fetched,
-            # and the engine closes the spider at once.
-            self._job_finished = True
-            when = (
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(opened.finished_at))
-                if opened.finished_at
-                else "earlier"
-            )
-            logger.warning(
-                "%(error)s (It finished at %(when)s.)",
-                {"error": opened, "when": when},
-                extra={"spider": self.spider},
-            )
-            self.stats.set_value("reliability/job/already_finished", True)
-            return
-        job, recovered, counts = opened.job, opened.recovered, opened.counts
-        self._peer_callbacks = opened.peers
-        self._peers_at = time.time()
-        self.job = job
-        assert self.frontier is not None
-        # SQLite: writes and claims run on the reactor thread when the database
-        # thread is idle and the lock is free (see DatabaseThread).
-        self._inline = self.frontier.never_wait_on_this_thread()
-        if self.retry_pass is not None:
-            logger.info(
-                "Retry pass of job %(job)s (run %(gen)d): %(n)d dead letters back to pending "
-                "with a fresh attempt budget (classes: %(classes)s; domains: %(domains)s; "
-                "failed at least %(age).0f s ago)",
-                {
-                    "job": job.name,
-                    "gen": job.generation,
-                    "n": counts.get("reopened", 0),
-                    "classes": ", ".join(self.retry_pass.error_classes) or "all",
-                    "domains": ", ".join(self.retry_pass.domains) or "all",
-                    "age": self.retry_pass.min_age,
-                },
-                extra={"spider": self.spider},
-            )
-            self.stats.set_value("reliability/retry_pass/reopened", counts.get("reopened", 0))
-        elif job.resumed and opened.peers:
-            logger.info(
-                "Joining job %(job)s (run %(gen)d), running with %(n)d other live workers: "
-                "%(pending)d pending, %(done)d done",
-                {
-                    "job": job.name,
-                    "gen": job.generation,
-                    "n": len(opened.peers),
-                    "pending": counts.get("pending", 0) + counts.get("leased", 0),
-                    "done": counts.get("done", 0),
-                },
-                extra={"spider": self.spider},
-            )
-        elif job.resumed:
-            logger.info(
-                "Resuming job %(job)s (run %(gen)d): %(pending)d pending, %(done)d done, "
-                "%(recovered)d leases of a dead worker taken back",
-                {
-                    "job": job.name,
-                    "gen": job.generation,
-                    "pending": counts.get("pending", 0) + counts.get("leased", 0),
-                    "done": counts.get("done", 0),
-                    "recovered": recovered,
-                },
-                extra={"spider": self.spider},
-            )
-        else:
-            logger.info(
-                "Starting job %(job)s (run %(gen)d) on the frontier %(url)s",
-                {"job": job.name, "gen": job.generation, "url": self._url_for_log()},
-                extra={"spider": self.spider},
-            )
-        self._warn_of_other_versions(opened.peers)
-        self.stats.set_value("reliability/job/run", job.generation)
-        self.stats.set_value("reliability/job/resumed", job.resumed)
-        self.stats.inc_value("reliability/lease/recovered", recovered)
-        self._unhook = _hook_scrape_completion(self.crawler, self._scrape_started, self._scraped)
-        self._heartbeat = task.LoopingCall(self._beat)
-        self._heartbeat.start(self.config.heartbeat_seconds, now=False)
-
-    def _warn_of_other_versions(self, peers: dict[str, frozenset[str]]) -> None:
-        """Live workers of this job whose spiders have other callbacks: another
-        version of the spider. Requests for a callback only one version has go to
-        a worker that has it (see docs/scaling.md, "Upgrading a running job")."""
-        mine = frozenset(_callback_names(self.spider))
-        for worker, theirs in peers.items():
-            if not theirs or theirs == mine:
-                continue
-            logger.warning(
-                "Worker %(worker)s of this job runs another version of the spider: it has "
-                "callbacks %(only_theirs)s that this one lacks, and lacks %(only_mine)s; "
-                "requests for those are handed to a worker that has them",
-                {
-                    "worker": worker,
-                    "only_theirs": sorted(theirs - mine) or "none",
-                    "only_mine": sorted(mine - theirs) or "none",
-                },
-                extra={"spider": self.spider},
-            )
-
-    def _url_for_log(self) -> str:
-        assert self.frontier is not None
-        return redact(self.frontier.engine.url)
+        """Connect to the frontier, open (or resume, or join) the job, register
+        this worker and take back the leases of dead ones, on the database thread.
+        A frontier that cannot be opened is logged and ends the crawl at once, as
+        incomplete; a job already finished is joined with nothing to do."""
+        self._politeness.spider = spider
+        return self._session.open(spider)
 
     def close(self, reason: str) -> Deferred[None]:
-        self._closing = True
-        if self._heartbeat is not None and self._heartbeat.running:
-            self._heartbeat.stop()
-        if self._wake_call is not None and self._wake_call.active():
-            self._wake_call.cancel()
-        if self._unhook is not None:
-            self._unhook()
-        if self._retry_call is not None and self._retry_call.active():
-            self._retry_call.cancel()
-        if self.frontier is None or self.job is None:
-            self._db.shutdown()
-            return succeed(None)
-        finished = reason == "finished"
-        orphans = [
-            lease
-            for lease in self._leases.values()
-            if lease.stage in (_Stage.FETCHING, _Stage.SCRAPING)
-        ]
-        if finished:
-            # The engine went idle with these never completed: a downloader middleware
-            # replaced or dropped them. Scrapy is done with them, so is the frontier.
-            for lease in orphans:
-                logger.warning(
-                    "Frontier task %(id)d was dropped by a middleware without a response; "
-                    "recording it as ignored",
-                    {"id": lease.task_id},
-                    extra={"spider": self.spider},
-                )
-                self._settle(lease, Outcome.IGNORED, error="dropped without a response")
-        _feeds.flush_feeds(self._feed_exporters)
-        batch, self._batch = self._batch, WriteBatch()
-        batch.clear_dead_letters = self.retry_pass is not None
-        self._batch_requests = {}
-        released_ready = len(self._ready)
-        self._ready.clear()
-        batches = [part for part, _ in self._split] + [batch]
-        self._split.clear()
-        if self._stopping:
-            # The database is failing: its leases are released if it still answers,
-            # and what was not written is fetched again (nothing acked is lost).
-            batches = []
-        # The database thread runs one call at a time, in order: the write in flight
-        # (if any) ends before the final writes start, and they are skipped if it failed.
-        in_flight = self._flush_future
-        return self._db.deferred(self._close_frontier, batches, finished, in_flight).addCallback(
-            self._closed, reason, released_ready
-        )
+        """``finished``: write what is buffered, record requests a middleware
+        dropped as ignored, and finish the job if nothing is left (else say what
+        is). Any other reason: release this worker's leases as pending, no
+        attempt spent, so the next run resumes."""
+        return self._session.close(reason)
 
-    def _close_frontier(
-        self,
-        batches: list[WriteBatch],
-        finished: bool,
-        in_flight: Future[WriteResult] | None = None,
-    ) -> _Closing:
-        """On the database thread: write what is left, release this worker's leases,
-        finish the job if it is complete, and say what keeps it from being so.
-
-        The writes stop at the first that fails (the one in flight included): a later
-        one may ack a parent whose children the failed one held. Their requests stay
-        leased and are released below, so the next run fetches them again."""
-        assert self.frontier is not None and self.job is not None
-        frontier = self.frontier
-        closing = _Closing()
-        try:
-            failed = in_flight is not None and in_flight.exception() is not None
-            for batch in batches:
-                if failed or not batch:
-                    continue
-                try:
-                    closing.lost += len(frontier.write(self.job.id, batch).lost)
-                except SQLAlchemyError as exc:
-                    failed = True
-                    logger.error(
-                        "Final write of %(n)d frontier changes failed: %(error)s; their "
-                        "requests, and those of the writes after it, go back to pending",
-                        {"n": _units(batch), "error": self._cause(exc)},
-                        extra={"spider": self.spider},
-                    )
-            closing.released = frontier.release_leases_of(self.worker_id)
-            if finished:
-                frontier.finish_job_if_complete(self.job.id)
-                closing.left = frontier.unprocessed(self.job.id)
-                closing.peers = len(
-                    frontier.live_callbacks(
-                        self.job.id, me=self.worker_id, alive_within=self.config.lease_seconds
-                    )
-                )
-            frontier.stop_worker(self.worker_id)
-        except Exception as exc:  # whatever it was, close the rest and say so
-            # The database is gone: leases it still holds expire by themselves.
-            closing.failed = self._cause(exc)
-        finally:
-            frontier.close()
-        return closing
-
-    def _closed(self, closing: _Closing, reason: str, ready: int) -> None:
-        if self.frontier is not None:
-            self.stats.set_value("reliability/db/round_trips", self.frontier.round_trips)
-        if closing.lost:
-            self.stats.inc_value("reliability/lease/lost", closing.lost)
-        self.stats.set_value("reliability/lease/released", closing.released)
-        assert self.job is not None
-        job = self.job.name
-        if closing.failed is not None and self._stopping:
-            self._end_incomplete("frontier_unavailable")  # logged when stopping
-        elif closing.failed is not None:
-            logger.error(
-                "Could not close job %(job)s cleanly (%(error)s): this worker's leases go back "
-                "to pending when they expire (RELIABILITY_LEASE_SECONDS)",
-                {"job": job, "error": closing.failed},
-                extra={"spider": self.spider},
-            )
-            self._end_incomplete("frontier_unavailable")
-        elif reason != "finished":
-            logger.info(
-                "Closed (%(reason)s): %(released)d leased requests released as pending "
-                "(%(ready)d never started); run the same command again to resume job %(job)s",
-                {"reason": reason, "released": closing.released, "ready": ready, "job": job},
-                extra={"spider": self.spider},
-            )
-        else:
-            unanswered = {k: v for k, v in closing.left.items() if k in UNPROCESSED_CLASSES}
-            waiting = closing.left.get("pending", 0) + closing.left.get("leased", 0)
-            self.stats.set_value("reliability/unprocessed", sum(unanswered.values()))
-            for name, count in unanswered.items():
-                self.stats.set_value(f"reliability/unprocessed/{name}", count)
-            if waiting and closing.peers and not unanswered:
-                logger.info(
-                    "This worker is done; %(n)d requests of job %(job)s remain with %(peers)d "
-                    "other live workers",
-                    {"n": waiting, "job": job, "peers": closing.peers},
-                    extra={"spider": self.spider},
-                )
-            elif waiting or unanswered:
-                parts = [f"{count} {name}" for name, count in sorted(unanswered.items())]
-                if waiting:
-                    parts.append(f"{waiting} pending with no live worker to take them")
-                logger.error(
-                    "Job %(job)s is not complete: %(what)s. `scrapy frontier status` and "
-                    "`scrapy frontier dead` name them; after a fix, `scrapy retrypass` replays "
-                    "the dead letters",
-                    {"job": job, "what": ", ".join(parts)},
-                    extra={"spider": self.spider},
-                )
-                self._end_incomplete("incomplete")
-            else:
-                logger.info(
-                    "Job %(job)s finished: no request is pending or leased",
-                    {"job": job},
-                    extra={"spider": self.spider},
-                )
-        self._db.shutdown()
-
-    def _end_incomplete(self, reason: str) -> None:
-        """The run did not complete: say so in its finish reason and exit status."""
-        self._finish_reason = reason
-        _exitcode.fail_after_close(self.crawler)
-
-    def _spider_closed(self, spider: Spider, reason: str) -> None:
-        # After CoreStats wrote ``finish_reason`` (it connects first).
-        if self._finish_reason is not None:
-            self.stats.set_value("finish_reason", self._finish_reason)
-
-    # -- enqueue ----------------------------------------------------------------------------
+    def has_pending_requests(self) -> bool:
+        """True while anything may still come: rows buffered, a write or claim in
+        flight, or rows the frontier may have due (this worker's or others')."""
+        if self._session.job_finished:
+            return False
+        return self._claims.pending() or self._writes.pending()
 
     def enqueue_request(self, request: Request) -> bool:
-        if self._job_finished:
+        """Answers at once. Our leased request sent back by a middleware (a retry
+        or redirect) reschedules its row. A new one is refused if known (this
+        process's recent keys), kept as a ``refused`` dead letter if it cannot be
+        stored, else buffered for the next write (insert-or-ignore on its key; a
+        duplicate only the database knows is counted when the write lands)."""
+        if self._session.job_finished:
             return False
         if self.retry_pass is not None and request.meta.get("is_start_request"):
             # A retry pass crawls the dead letters and what they lead to, not the start.
@@ -664,70 +182,45 @@ class Scheduler(BaseScheduler):
         task_id = request.meta.get(TASK_META)
         if task_id is not None:
             lease = self._leases.get(task_id)
-            if lease is not None and lease.stage is _Stage.FETCHING:
-                return self._reschedule(lease, request)
+            if lease is not None and lease.stage is Stage.FETCHING:
+                return self._outcomes.reschedule(lease, request)
             # A child built with the parent's meta: it is a new request.
             del request.meta[TASK_META]
-        assert self.spider is not None
+        spider = self._ctx.spider
+        assert spider is not None
         key = self._key_for(request)
         # Most links of a crawl are duplicates: drop them before serializing anything.
-        if key in self.dupefilter.recent or key in self._batch_requests:
-            self.dupefilter.log(request, self.spider)
+        if key in self.dupefilter.recent or key in self._writes.requests:
+            self.dupefilter.log(request, spider)
             return False
         domain = urlparse_cached(request).hostname or ""
         try:
-            payload = request_to_payload(request, self.spider)
+            payload = request_to_payload(request, spider)
+            unstorable = check_storable_fields(request.url, request.priority, domain)
+            stat = "unstorable"
         except UnserializableRequest as exc:
-            self.dupefilter.recent.add(key)
-            self._refuse(
-                request,
-                key=key,
-                url=request.url,
-                priority=request.priority,
-                reason=str(exc),
-                stat="unserializable",
-            )
-            return False
-        unstorable = check_storable_fields(request.url, request.priority, domain)
+            unstorable, stat = str(exc), "unserializable"
+        self.dupefilter.recent.add(key)
         if unstorable is not None:
-            self.dupefilter.recent.add(key)
-            self._refuse(
+            self._writes.refuse(
                 request,
                 key=key,
                 url=request.url,
                 priority=request.priority,
                 reason=unstorable,
-                stat="unstorable",
+                stat=stat,
             )
             return False
-        self.dupefilter.recent.add(key)
-        self._batch.inserts.append(
-            NewRequest(
-                fingerprint=key,
-                priority=request.priority,
-                domain=domain,
-                url=request.url,
-                payload=payload,
-            )
-        )
-        self._batch_requests[key] = request
         self.stats.inc_value("reliability/enqueued")
-        if len(self._batch.inserts) >= _MAX_BUFFERED:
-            self._backpressure()
-        else:
-            self._schedule_flush()
+        row = NewRequest(
+            fingerprint=key,
+            priority=request.priority,
+            domain=domain,
+            url=request.url,
+            payload=payload,
+        )
+        self._writes.insert(row, request)
         return True
-
-    def _backpressure(self) -> None:
-        """A callback yields requests faster than they are written: wait for the
-        write in flight, then start writing this batch. Memory stays bounded by
-        two batches however many requests are queued."""
-        future = self._flush_future
-        if future is not None:
-            self.stats.inc_value("reliability/write/backpressure")
-            future.exception()  # waits
-            self._flush_handlers.pop(future)(future)
-        self._flush()
 
     def _key_for(self, request: Request) -> str:
         fingerprint = self.dupefilter.key(request)
@@ -738,1220 +231,50 @@ class Scheduler(BaseScheduler):
             # requests again; the same start URL twice in one run is the n-th copy.
             key = f"s:{fingerprint}"
             n = 0
-            while key in self.dupefilter.recent or key in self._batch_requests:
+            while key in self.dupefilter.recent or key in self._writes.requests:
                 n += 1
                 key = f"s:{fingerprint}:{n}"
             return key
         # dont_filter=True still gets a row, under a key of its own.
         return f"u:{uuid.uuid4().hex}"
 
-    def _reschedule(self, lease: _Lease, request: Request) -> bool:
-        """A downloader middleware sent our leased request back (a retry or a
-        redirect): the same row goes back to pending with the new request."""
-        assert self.spider is not None
-        decided = request.meta.get(RETRY_META)
-        retried = isinstance(decided, dict) or (
-            int(request.meta.get("retry_times", 0)) > lease.retry_times
-        )
-        try:
-            payload = request_to_payload(request, self.spider)
-            unstorable = check_storable_fields(
-                request.url, request.priority, urlparse_cached(request).hostname or ""
-            )
-        except UnserializableRequest as exc:
-            unstorable = str(exc)
-        if unstorable is not None:
-            # The row keeps its last storable request; the retry or redirect is refused.
-            logger.error(
-                "Cannot store the rescheduled %(request)s: %(error)s; burying it as refused",
-                {"request": request, "error": unstorable},
-                extra={"spider": self.spider},
-            )
-            self.stats.inc_value("reliability/refused/transition")
-            self._settle(
-                lease,
-                Outcome.DEAD,
-                error=f"cannot store its retry or redirect: {unstorable}",
-                error_class="refused",
-            )
-            return True
-        self._stage(lease, _Stage.SETTLING)
-        self._settling[(lease.task_id, lease.token)] = lease
-        failure = decided if isinstance(decided, dict) else {}
-        pause_until = failure.get("pause_until")
-        slow_down = bool(failure.get("slow_down"))
-        if pause_until:
-            self._pause_locally(lease.domain, float(pause_until))
-        if slow_down:
-            if lease.domain not in self._slowed:
-                logger.info(
-                    "Halving the request rate of %(domain)s (%(why)s); it recovers slowly "
-                    "while requests succeed",
-                    {"domain": lease.domain, "why": failure.get("error")},
-                    extra={"spider": self.spider},
-                )
-            self._slowed[lease.domain] = time.time()
-            self.stats.inc_value("reliability/domain/slowed")
-        self._batch.transitions.append(
-            Transition(
-                lease.task_id,
-                lease.token,
-                Outcome.RESCHEDULE,
-                payload=payload,
-                url=request.url,
-                not_before=float(failure.get("not_before") or 0.0),
-                attempts_inc=1 if retried else 0,
-                status=failure.get("status"),
-                error=failure.get("error"),
-                error_class=failure.get("error_class"),
-                domain=lease.domain,
-                pause_until=float(pause_until) if pause_until else None,
-                pause_reason=f"Retry-After ({failure.get('status')})" if pause_until else None,
-                slow_down=slow_down,
-            )
-        )
-        self.stats.inc_value(f"reliability/rescheduled/{'retry' if retried else 'redirect'}")
-        self._schedule_flush()
-        return True
-
-    # -- claim ------------------------------------------------------------------------------
-
-    def has_pending_requests(self) -> bool:
-        if self._job_finished:
-            return False
-        return bool(
-            self._ready
-            or self._batch
-            or self._split
-            or self._flush_future is not None
-            or self._claim_future is not None
-            or self._maybe_pending
-        )
-
     def next_request(self) -> Request | None:
+        """A claimed request whose download slot has room, or None (and a claim
+        starts; its callback wakes the engine). Never waits for the database."""
+        claims = self._claims
         # Leases handed to the engine and not yet settled in the database: the
         # requests a kill -9 now would fetch again. Bounded, so a crash costs at
         # most this many refetches however far the scraper lags the downloader.
         # Burials held back by a failing dead-letter write do not count: they must not
         # stall the crawl (after a crash they are fetched again, as failed requests are).
-        held = sum(len(part.transitions) for part, _ in self._split)
-        if len(self._leases) - len(self._ready) - held >= self.max_in_flight:
+        held = self._writes.held_transitions()
+        if len(self._leases) - len(claims.ready) - held >= self.max_in_flight:
             return None
-        if self._paused:
-            self._hold_paused()
-        request = self._pick()
+        if self._politeness.paused:
+            claims.ready = self._outcomes.return_paused(claims.ready)
+        slots, per_domain = engine.download_slots(self.crawler)
+        request = self._politeness.pick(claims.ready, self._leases, slots, per_domain)
         if request is None:
-            if len(self._ready) < 2 * self.claim_batch and not self._closing:
+            if len(claims.ready) < 2 * self.claim_batch and not self._ctx.closing:
                 # The buffer is empty, or what it holds waits (busy download slots,
-                # robots.txt): claim more. Never block the reactor on the database:
-                # the claim's callback wakes the engine when its rows are buffered.
-                self._claim()
+                # robots.txt): claim more.
+                claims.claim()
             return None
-        lease = self._leases.get(request.meta[TASK_META])
+        lease = self._leases.of(request)
         if lease is not None:
-            self._stage(lease, _Stage.FETCHING)
-        if len(self._ready) <= self.claim_batch // 2:
-            self._claim()
+            self._leases.move(lease, Stage.FETCHING)
+        if len(claims.ready) <= self.claim_batch // 2:
+            claims.claim()
         self.stats.inc_value("reliability/dequeued")
         return request
 
-    def _pick(self) -> Request | None:
-        """The request to start now, from the buffer (in claim order).
-
-        Downloader-aware: the first request whose download slot has room
-        (CONCURRENT_REQUESTS_PER_DOMAIN); none while every buffered request's slot is
-        full, as Scrapy's default DownloaderAwarePriorityQueue prefers idle slots.
-        Scrapy's downloader starts every request queued in a slot at once, beyond
-        the slot's concurrency, and its HTTP pool then opens connections only to
-        close them again. With ROBOTSTXT_OBEY, a domain whose robots.txt this
-        worker has not seen yet gets one request (which fetches robots.txt); the
-        others wait for its Crawl-delay."""
-        ready = self._ready
-        if not ready:
-            return None
-        downloader = getattr(getattr(self.crawler, "engine", None), "downloader", None)
-        slots: dict[str, Any] = getattr(downloader, "slots", None) or {}
-        per_domain = int(getattr(downloader, "domain_concurrency", 0) or 0)
-        now = time.time() if self._obey_robots else 0.0
-        for i, request in enumerate(ready):
-            lease = self._lease_of(request)
-            domain = lease.domain if lease is not None else ""
-            if self._obey_robots and not self._robots_allow(domain, now):
-                continue
-            # A request handed over reaches its slot only after the downloader
-            # middlewares: count this worker's own too.
-            slot = slots.get(request.meta.get("download_slot") or domain)
-            limit = slot.concurrency if slot is not None else per_domain
-            busy = max(len(slot.active) if slot is not None else 0, self._fetching.get(domain, 0))
-            if not limit or busy < limit:
-                del ready[i]
-                if self._obey_robots:
-                    self._robots_asked.setdefault(domain, now)
-                return request
-        return None
-
-    def _robots_allow(self, domain: str, now: float) -> bool:
-        asked = self._robots_asked.get(domain)
-        return asked is None or domain in self._robots_seen or now - asked > _ROBOTS_WAIT
-
     def _robots_fetched(self, response: Any, request: Request, spider: Spider) -> None:
-        """robots.txt of a domain arrived: its Crawl-delay bounds the domain's gap."""
-        if not self._obey_robots or urlparse_cached(request).path != "/robots.txt":
+        update = self._politeness.robots_fetched(response, request)
+        if update is None:
             return
-        domain = urlparse_cached(request).hostname or ""
-        delay: float | None = None
-        if getattr(response, "status", 0) == 200:
-            try:
-                from protego import Protego
-
-                rules = Protego.parse(response.body.decode("utf-8", errors="replace"))
-                found = rules.crawl_delay(self._robots_agent)
-                delay = float(found) if found else None
-            except Exception:  # a broken robots.txt must not stop the crawl
-                delay = None
-        self._robots_seen.add(domain)
-        if delay:
-            logger.info(
-                "robots.txt of %(domain)s asks for Crawl-delay %(d)s s: at most one request "
-                "every %(d)s s from all workers",
-                {"domain": domain, "d": delay},
-                extra={"spider": self.spider},
-            )
-            self.stats.set_value(f"reliability/domain/crawl_delay/{domain}", delay)
-        self._batch.domain_updates.append(DomainUpdate(domain, delay))
-        self._schedule_flush()
-        self._wake_engine()
-
-    def _pause_locally(self, domain: str, until: float) -> None:
-        if until > self._paused.get(domain, 0.0):
-            self._paused[domain] = until
-            self.stats.inc_value("reliability/domain/paused")
-            logger.info(
-                "Pausing %(domain)s for %(s).1f s (Retry-After), for every worker",
-                {"domain": domain, "s": until - time.time()},
-                extra={"spider": self.spider},
-            )
-
-    def _hold_paused(self) -> None:
-        """Requests of a domain paused while they waited in the buffer go back to
-        the frontier, due when the pause ends; they were never started."""
-        now = time.time()
-        for domain, until in list(self._paused.items()):
-            if until <= now:
-                del self._paused[domain]
-        if not self._paused:
-            return
-        keep: deque[Request] = deque()
-        for request in self._ready:
-            lease = self._lease_of(request)
-            paused_until = self._paused.get(lease.domain) if lease is not None else None
-            if lease is None or paused_until is None:
-                keep.append(request)
-                continue
-            self._stage(lease, _Stage.SETTLING)
-            self._settling[(lease.task_id, lease.token)] = lease
-            self._batch.transitions.append(
-                Transition(lease.task_id, lease.token, Outcome.RELEASE, not_before=paused_until)
-            )
-            self.stats.inc_value("reliability/domain/held")
-        if len(keep) != len(self._ready):
-            self._ready = keep
-            self._schedule_flush()
-
-    def _claim(self) -> None:
-        if self.job is None or self._closing or self._claim_future is not None:
-            return
-        if time.time() < max(self._idle_until, self._foreign_until):
-            return
-        if self._flush_future is not None:
-            # Rides on the next write, sent when this one lands: one transaction.
-            self._claim_wanted = True
-            return
-        self._claim_wanted = False
-        if self._batch:
-            self._flush(claim=True)
-            return
-        self._claim_future = self._db.call_soon(
-            self._claim_on_thread, self._claimed, self.job.id, inline=self._inline
-        )
-
-    def _claim_spec(self) -> ClaimSpec:
-        return ClaimSpec(
-            self.worker_id,
-            self.claim_batch,
-            lease_seconds=self.config.lease_seconds,
-            newest_first=self.config.order == "dfs",
-            politeness=self.config.politeness,
-        )
-
-    def _claim_on_thread(self, job_id: int) -> ClaimResult:
-        assert self.frontier is not None
-        spec = self._claim_spec()
-        return self.frontier.claim(
-            job_id,
-            spec.worker_id,
-            spec.limit,
-            lease_seconds=spec.lease_seconds,
-            newest_first=spec.newest_first,
-            politeness=spec.politeness,
-        )
-
-    def _claimed(self, future: Future[ClaimResult]) -> None:
-        if future is not self._claim_future:
-            return  # already handled
-        self._claim_future = None
-        exc = future.exception()
-        if exc is not None:
-            self._claim_failed(exc)
-            return
-        self._storage_ok()
-        self._take_claimed(future.result())
-
-    def _claim_failed(self, exc: BaseException) -> None:
-        if self._storage_trouble(exc):
-            return
-        logger.error(
-            "Claiming requests failed: %(error)s; trying again in %(s).0f s",
-            {"error": exc, "s": _WRITE_RETRY_SECONDS},
-            extra={"spider": self.spider},
-        )
-        self._idle_until = time.time() + _WRITE_RETRY_SECONDS
-        self._maybe_pending = True
-        self._wake_at(self._idle_until)
-
-    def _take_claimed(self, result: ClaimResult) -> None:
-        if self._closing:
-            return  # its leases are released with the rest of this worker's
-        # The engine asks again: for the rows now buffered, or to find nothing (and
-        # perhaps the spider idle).
-        self._wake_engine()
-        if result.rows:
-            self._poll_delay = _FIRST_POLL_SECONDS
-            self._idle_until = 0.0
-            self._maybe_pending = True
-            self.stats.inc_value("reliability/claimed", len(result.rows))
-            handed = sum(self._take(row) for row in result.rows)
-            if handed == len(result.rows):
-                # Only rows of another spider version: leave them to the workers that
-                # have their callbacks for a while, longer while it goes on.
-                self._foreign_backoff = min(max(0.25, 2 * self._foreign_backoff), 5.0)
-                self._foreign_until = time.time() + self._foreign_backoff
-                self._wake_at(self._foreign_until)
-            else:
-                self._foreign_backoff = 0.0
-            return
-        now = time.time()
-        if result.next_due is not None:
-            self._maybe_pending = True
-            self._idle_until = max(result.next_due, now + 0.05)
-            self._wake_at(self._idle_until)
-        elif result.leased_elsewhere:
-            # Other workers hold leases: their pages may yield new requests any time.
-            # Look again soon, then less and less often while nothing turns up.
-            self._maybe_pending = True
-            self._idle_until = now + self._poll_delay
-            self._poll_delay = min(self._poll_delay * 2, _POLL_SECONDS)
-            self._wake_at(self._idle_until)
-        else:
-            # Nothing pending anywhere: only a write of ours can change that.
-            self._maybe_pending = False
-            self._idle_until = math.inf
-
-    def _take(self, row: Claimed) -> bool:
-        """Rebuild a claimed row into a request in the ready buffer; True when it was
-        handed back for a worker whose spider has its callback."""
-        assert self.spider is not None
-        lease = _Lease(row.id, row.token, row.fingerprint, _Stage.READY, claimed_at=time.time())
-        self._leases[row.id] = lease
-        try:
-            request = payload_to_request(row.payload, self.spider)
-            retry_times = request.meta.get("retry_times", 0)
-            if isinstance(retry_times, bool) or not isinstance(retry_times, int):
-                raise CorruptPayload(f"meta['retry_times'] is not a whole number: {retry_times!r}")
-        except MissingCallback as exc:
-            return self._hand_back_or_bury(lease, exc)
-        except Exception as exc:  # a stored row that cannot be rebuilt costs that row only
-            self._bury_unanswered(
-                lease,
-                "corrupt",
-                f"cannot rebuild the stored request: {exc}",
-                f"cannot be rebuilt into a request ({storable_text(str(exc), 300)})",
-            )
-            return False
-        request.meta[TASK_META] = row.id
-        request.meta[ATTEMPTS_META] = row.attempts
-        lease.retry_times = retry_times
-        lease.attempts = row.attempts
-        lease.first_failed_at = row.first_failed_at
-        lease.url = request.url
-        lease.method = request.method
-        lease.domain = urlparse_cached(request).hostname or ""
-        self._ready.append(request)
-        return False
-
-    def _hand_back_or_bury(self, lease: _Lease, exc: MissingCallback) -> bool:
-        """This worker's spider lacks the row's callback: another version of the
-        spider, running as another live worker of the job, may have it. Hand the
-        row back for that worker (due at once, no attempt spent); bury it as
-        ``incompatible`` only when no live worker has that callback (or after
-        many hand-backs), for `scrapy retrypass` to replay from a version that has."""
-        name = exc.name
-        takers = [w for w, names in self._peer_callbacks.items() if name in names]
-        handed = self._handed_back.get(lease.task_id, 0)
-        stale = time.time() - self._peers_at > 1.0
-        if not takers and stale:
-            # A worker of the other version may have started since the last heartbeat:
-            # look again before burying (the row is handed back meanwhile).
-            self._refresh_peers()
-            takers = ["(looking)"]
-        if takers and handed < _MAX_HAND_BACKS:
-            self._handed_back[lease.task_id] = handed + 1
-            if handed == 0:
-                self.stats.inc_value("reliability/handed_back")
-            logger.debug(
-                "Frontier task %(id)d needs callback %(name)r, which this spider lacks and "
-                "worker %(worker)s has: handing it back",
-                {"id": lease.task_id, "name": name, "worker": takers[0]},
-                extra={"spider": self.spider},
-            )
-            self._stage(lease, _Stage.SETTLING)
-            self._settling[(lease.task_id, lease.token)] = lease
-            self._batch.transitions.append(
-                Transition(
-                    lease.task_id,
-                    lease.token,
-                    Outcome.RELEASE,
-                    # Due soon for the others; later each time this worker gets it
-                    # back (and it claims less often while it gets only such rows).
-                    not_before=time.time() + min(0.05 * 2**handed, 5.0),
-                )
-            )
-            self._schedule_flush()
-            return True
-        self._bury_unanswered(
-            lease,
-            "incompatible",
-            f"the spider has no method {name!r}",
-            f"needs callback {name!r}, which this spider lacks and no live worker of the job has",
-        )
-        return False
-
-    def _refresh_peers(self) -> None:
-        if self.job is None or self._closing or self._peers_future is not None:
-            return
-        assert self.frontier is not None
-        frontier, job_id = self.frontier, self.job.id
-
-        def read() -> dict[str, frozenset[str]]:
-            return frontier.live_callbacks(
-                job_id, me=self.worker_id, alive_within=self.config.lease_seconds
-            )
-
-        def done(future: Future[dict[str, frozenset[str]]]) -> None:
-            self._peers_future = None
-            if future.exception() is None:
-                self._peer_callbacks = future.result()
-                self._peers_at = time.time()
-
-        self._peers_future = self._db.call_soon(read, done)
-
-    def _bury_unanswered(self, lease: _Lease, error_class: str, error: str, why: str) -> None:
-        """A claimed row no server will answer: a dead letter of its own class (see
-        UNPROCESSED_CLASSES), for `scrapy retrypass --error-class` after a fix."""
-        self.stats.inc_value(f"reliability/dead/{error_class}")
-        logger.error(
-            "Frontier task %(id)d %(why)s; recording it as a dead letter of class "
-            "%(cls)r (`scrapy retrypass --error-class %(cls)s` replays it after a fix)",
-            {"id": lease.task_id, "why": why, "cls": error_class},
-            extra={"spider": self.spider},
-        )
-        self._settle(lease, Outcome.DEAD, error=error, error_class=error_class, attempts_inc=1)
-
-    # -- completion -------------------------------------------------------------------------
-
-    def _scrape_started(self, request: Request) -> None:
-        lease = self._lease_of(request)
-        if lease is not None and lease.stage is _Stage.FETCHING:
-            self._stage(lease, _Stage.SCRAPING)
-
-    def _scraped(self, result: Any, request: Request) -> Deferred[Any] | None:
-        """Scrapy is done with ``request``: output consumed, children scheduled,
-        items through the pipelines. A request that failed for good is buried;
-        its DeadLetter item goes through the pipelines first, so it too is
-        settled before the burial commits. Returns a Deferred while that runs."""
-        lease = self._lease_of(request)
-        if lease is None or lease.stage is not _Stage.SCRAPING:
-            return None
-        failure = failure_of(request)
-        if failure is None and isinstance(result, Failure):
-            if isinstance(result.value, IgnoreRequest):
-                self._settle(lease, Outcome.IGNORED)
-                return None
-            exc = result.value
-            assert exc is not None
-            error_class = self.policy.classify_exception(exc)
-            if error_class is ErrorClass.CANCELLED:
-                return None  # left leased: released when the crawl closes
-            failure = {
-                "error_class": error_class.value,
-                "status": None,
-                "error": f"{type(result.value).__name__}: {result.value}",
-            }
-        if failure is None:
-            self._settle(lease, Outcome.DONE)
-            slowed = self._slowed.get(lease.domain)
-            if slowed is not None:
-                if time.time() - slowed > _RECOVERY_WINDOW:
-                    del self._slowed[lease.domain]
-                else:
-                    recoveries = self._batch.recoveries
-                    recoveries[lease.domain] = recoveries.get(lease.domain, 0) + 1
-            return None
-        return self._bury(lease, failure)
-
-    def _bury(self, lease: _Lease, failure: dict[str, Any]) -> Deferred[Any] | None:
-        error_class = str(failure.get("error_class") or ErrorClass.PERMANENT.value)
-        status = failure.get("status")
-        error = str(failure.get("error") or "")
-        self.stats.inc_value(f"reliability/dead/{error_class}")
-
-        def settle(_: Any = None) -> None:
-            self._settle(
-                lease,
-                Outcome.DEAD,
-                status=status,
-                error=error,
-                error_class=error_class,
-                attempts_inc=1,
-            )
-
-        if not self.config.dead_letter_items and not self.config.dead_letter_feeds:
-            settle()
-            return None
-        now = time.time()
-        item = DeadLetter(
-            url=lease.url,
-            error_class=error_class,
-            status=status,
-            attempts=lease.attempts + 1,
-            error=error,
-            domain=lease.domain,
-            method=lease.method,
-            first_failed_at=lease.first_failed_at or now,
-            last_failed_at=now,
-            task_id=lease.task_id,
-            job=self.job.name if self.job else "",
-        )
-        if not self.config.dead_letter_items:
-            # Only the feeds that name DeadLetter: no pipeline, no other feed. The
-            # write precedes the ack, and the ack's batch flushes the feeds first.
-            try:
-                export_to_dead_letter_feeds(self._feed_exporters, item, self.spider)
-            except Exception as exc:  # a feed failure costs the feed line, not the burial
-                logger.error(
-                    "Writing the dead letter of %(url)s to its feed failed: %(error)s; "
-                    "it stays in the frontier (scrapy frontier dead)",
-                    {"url": item.url, "error": exc},
-                    extra={"spider": self.spider},
-                )
-            settle()
-            return None
-        d = _send_item(self.crawler, item)
-        d.addBoth(settle)
-        return d
-
-    def _item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
-        """An item raised in an item pipeline: keep it as a dead letter of kind
-        ``item``, written before (or with) its request's ack."""
-        if isinstance(item, DeadLetter):
-            logger.error(
-                "A pipeline raised on a DeadLetter item (%(url)s): %(error)s; the dead "
-                "letter stays in the frontier",
-                {"url": item.url, "error": failure.value},
-                extra={"spider": self.spider},
-            )
-            return
-        request = getattr(response, "request", None)
-        lease = self._lease_of(request) if isinstance(request, Request) else None
-        url = request.url if isinstance(request, Request) else ""
-        try:
-            stored = json.dumps(ItemAdapter(item).asdict(), default=repr)
-        except (TypeError, ValueError):
-            stored = json.dumps({"repr": repr(item)[:4000]})
-        self._batch.dead_items.append(
-            DeadItem(
-                request_id=lease.task_id if lease else None,
-                url=url,
-                domain=urlparse_cached(request).hostname or ""
-                if isinstance(request, Request)
-                else "",
-                error=f"{type(failure.value).__name__}: {failure.value}",
-                item=stored,
-            )
-        )
-        self.stats.inc_value("reliability/dead/item")
-        self._schedule_flush()
-
-    def _lease_of(self, request: Request) -> _Lease | None:
-        task_id = request.meta.get(TASK_META)
-        return None if task_id is None else self._leases.get(task_id)
-
-    def _settle(
-        self,
-        lease: _Lease,
-        outcome: Outcome,
-        *,
-        status: int | None = None,
-        error: str | None = None,
-        error_class: str | None = None,
-        attempts_inc: int = 0,
-    ) -> None:
-        self._stage(lease, _Stage.SETTLING)
-        self._settling[(lease.task_id, lease.token)] = lease
-        self._batch.transitions.append(
-            Transition(
-                lease.task_id,
-                lease.token,
-                outcome,
-                status=status,
-                error=error,
-                error_class=error_class,
-                attempts_inc=attempts_inc,
-            )
-        )
-        self._schedule_flush()
-
-    # -- the write path ---------------------------------------------------------------------
-
-    def _schedule_flush(self) -> None:
-        # With a write in flight, its completion writes what gathered meanwhile.
-        if not self._flush_scheduled and not self._closing and self._flush_future is None:
-            self._flush_scheduled = True
-            the_reactor().callLater(0, self._flush)
-
-    def _flush(self, claim: bool = False) -> None:
-        self._flush_scheduled = False
-        if self._flush_future is not None or self.job is None or self._closing:
-            return
-        if self._stopping or not (self._split or self._batch):
-            return
-        wait = self._retry_at - time.time()
-        if wait > 0:
-            if self._retry_call is None or not self._retry_call.active():
-                self._retry_call = the_reactor().callLater(wait, self._schedule_flush)
-            return
-        if self._split:
-            # Parts of a failed write go first, alone: no claim rides on them.
-            self._claim_wanted = self._claim_wanted or claim
-            claim = False
-            batch, requests = self._split.popleft()
-        else:
-            # A claim wanted now rides on this write (one transaction, one commit).
-            claim = (claim or self._claim_wanted) and self._claim_future is None
-            self._claim_wanted = False
-            # Items already written to feeds reach the file before their requests' acks.
-            _feeds.flush_feeds(self._feed_exporters)
-            batch, self._batch = self._batch, WriteBatch()
-            batch.clear_dead_letters = self.retry_pass is not None
-            requests, self._batch_requests = self._batch_requests, {}
-
-        def handle(future: Future[WriteResult]) -> None:
-            self._flushed(future, batch, requests)
-
-        def on_done(future: Future[WriteResult]) -> None:
-            if self._flush_handlers.pop(future, None) is not None:
-                handle(future)
-
-        self._flush_future = self._db.call_soon(
-            self._write_on_thread,
-            on_done,
-            self.job.id,
-            batch,
-            self._claim_spec() if claim else None,
-            inline=self._inline,
-        )
-        self._flush_handlers[self._flush_future] = handle
-        if claim:
-            self._claim_future = self._flush_future
-
-    def _write_on_thread(
-        self, job_id: int, batch: WriteBatch, claim: ClaimSpec | None = None
-    ) -> WriteResult:
-        assert self.frontier is not None
-        return self.frontier.write(job_id, batch, claim=claim)
-
-    def _flushed(
-        self, future: Future[WriteResult], batch: WriteBatch, requests: dict[str, Request]
-    ) -> None:
-        if future is not self._flush_future:
-            return  # already handled (backpressure waited for it)
-        self._flush_future = None
-        carried = future is self._claim_future
-        if carried:
-            self._claim_future = None
-        exc = future.exception()
-        if exc is not None:
-            self._write_failed(exc, batch, requests)
-            if carried:
-                self._claim_wanted = True  # again with the next write (counted once)
-            return
-        result = future.result()
-        self._storage_ok()
-        try:
-            self._absorb(result, batch, requests)
-        except Exception:
-            # A bug in the bookkeeping must not stop the write loop: the batch is
-            # committed; at worst leases are released at close and fetched again.
-            logger.exception("Error accounting for a frontier write", extra={"spider": self.spider})
-        if carried and result.claimed is not None:
-            self._take_claimed(result.claimed)
-        if self._split or self._batch:
-            self._flush()  # what gathered while this write ran
-        elif self._claim_wanted:
-            self._claim()
-        self._wake_engine()
-
-    def _write_failed(
-        self, exc: BaseException, batch: WriteBatch, requests: dict[str, Request]
-    ) -> None:
-        """Keep everything, in order. A storage failure (server gone, disk full) is
-        waited out, up to RELIABILITY_STORAGE_GIVE_UP_SECONDS, then the crawl stops.
-        Anything else means the database refused a value of one row: the batch is
-        written again in halves until that row is alone, and only it is refused
-        (a request, recorded as such), buried or left unresolved (a transition)."""
-        self.stats.inc_value("reliability/write/errors")
-        if is_storage_failure(exc):
-            self._split.appendleft((batch, requests))
-            if not self._storage_trouble(exc):
-                self._schedule_flush()
-            return
-        parts = _halves(batch)
-        if len(parts) == 1:
-            self._alone_failures += 1
-            if self._alone_failures >= _SYSTEMATIC_FAILURES:
-                # Change after change refused, nothing written in between: not a bad
-                # value but a database that refuses everything (permissions, a bug).
-                self._split.appendleft((batch, requests))
-                self._stop_for_storage(exc, 0.0, systematic=True)
-                return
-            self._refuse_alone(batch, requests, exc)
-        else:
-            if not self._split:  # once per failed batch, not per half
-                logger.warning(
-                    "Writing %(n)d frontier changes failed: %(error)s; writing them in "
-                    "parts to find the one the database refuses (nothing is dropped)",
-                    {"n": _units(batch), "error": self._cause(exc)},
-                    extra={"spider": self.spider},
-                )
-            for part in reversed(parts):
-                self._split.appendleft((part, requests))
-        self._schedule_flush()
-
-    def _cause(self, exc: BaseException) -> str:
-        """``exc`` in one line, without the database URL's credentials."""
-        line = _one_line(exc)
-        if self.frontier is not None:
-            line = scrub(line, self.frontier.engine.url)
-        return line
-
-    def _storage_ok(self) -> None:
-        """A database call succeeded: no failure streak is going on."""
-        self._failing_since = None
-        self._storage_failures = 0
-        self._alone_failures = 0
-
-    def _storage_trouble(self, exc: BaseException) -> bool:
-        """Count a failure of the database itself; stop the crawl once it has
-        lasted RELIABILITY_STORAGE_GIVE_UP_SECONDS (at once for a lost SQLite
-        file). Returns True when the crawl is stopping. Anything else: False."""
-        if not is_storage_failure(exc):
-            return False
-        now = time.time()
-        if self._failing_since is None:
-            self._failing_since = now
-        self._storage_failures += 1
-        lasted = now - self._failing_since
-        if isinstance(exc, StorageLost) or lasted >= self._give_up_seconds:
-            self._stop_for_storage(exc, lasted)
-            return True
-        delay = min(_WRITE_RETRY_SECONDS * 2 ** (self._storage_failures - 1), 5.0)
-        self._retry_at = now + delay
-        self._idle_until = max(self._idle_until, self._retry_at)
-        self._wake_at(self._retry_at)
-        if self._storage_failures == 1 or self._storage_failures % 10 == 0:
-            logger.error(
-                "The frontier database is failing: %(error)s; retrying for up to %(limit).0f "
-                "s (RELIABILITY_STORAGE_GIVE_UP_SECONDS), nothing is dropped",
-                {"error": self._cause(exc), "limit": self._give_up_seconds},
-                extra={"spider": self.spider},
-            )
-        return False
-
-    def _stop_for_storage(
-        self, exc: BaseException, lasted: float, *, systematic: bool = False
-    ) -> None:
-        if self._stopping:
-            return
-        self._stopping = True
-        where = self._url_for_log()
-        if isinstance(exc, StorageLost):
-            message = str(exc)
-        elif systematic:
-            message = (
-                f"The frontier database {where} refused {_SYSTEMATIC_FAILURES} changes in a "
-                f"row, each alone: {self._cause(exc)}. Fix it (permissions, schema) and run "
-                "the same command again: the crawl resumes where it stopped."
-            )
-        else:
-            message = (
-                f"The frontier database {where} failed for {lasted:.0f} s: {self._cause(exc)}. "
-                "Fix it (disk space, server, credentials) and run the same command again: "
-                "the crawl resumes where it stopped."
-            )
-        logger.error(
-            "Stopping the crawl. %(message)s", {"message": message}, extra={"spider": self.spider}
-        )
-        self.stats.set_value("reliability/stopped", "frontier_unavailable")
-        _exitcode.fail_after_close(self.crawler)
-        _stop_crawl(self.crawler, "frontier_unavailable")
-
-    def _refuse_alone(
-        self, batch: WriteBatch, requests: dict[str, Request], exc: BaseException
-    ) -> None:
-        """The one change of ``batch`` the database refuses: it alone pays."""
-        cause = self._cause(exc)
-        if batch.inserts:
-            row = batch.inserts[0]
-            self._refuse(
-                requests.get(row.fingerprint),
-                key=row.fingerprint,
-                url=row.url,
-                priority=row.priority,
-                reason=f"the database refused it: {cause}",
-                stat="database",
-                first=True,
-            )
-        elif batch.refusals:
-            ref = batch.refusals[0]
-            self.stats.inc_value("reliability/refused/unrecorded")
-            logger.error(
-                "Could not record the refused request %(url)s either (%(error)s); it is "
-                "named here only",
-                {"url": ref.url, "error": cause},
-                extra={"spider": self.spider},
-            )
-        elif batch.transitions:
-            self._transition_refused(batch.transitions[0], cause)
-        elif batch.dead_items:
-            self.stats.inc_value("reliability/dead/item_unrecorded")
-            logger.error(
-                "Could not record the item dead letter of %(url)s (%(error)s); it is named "
-                "here only",
-                {"url": batch.dead_items[0].url, "error": cause},
-                extra={"spider": self.spider},
-            )
-        else:
-            logger.error(
-                "Could not record domain state (%(error)s); the domains keep their old state",
-                {"error": cause},
-                extra={"spider": self.spider},
-            )
-
-    def _transition_refused(self, tr: Transition, cause: str) -> None:
-        """A transition the database refuses: a retry or redirect whose new request
-        cannot be stored is buried as ``refused`` instead; anything else (a burial
-        whose dead letter cannot be written, an ack) stays unresolved: its lease is
-        released at close, so the next run fetches it again (fail closed)."""
-        lease = self._settling.get((tr.task_id, tr.token))
-        url = lease.url if lease is not None else f"frontier task {tr.task_id}"
-        if tr.outcome is Outcome.RESCHEDULE:
-            logger.error(
-                "Cannot store the retry or redirect of %(url)s (%(error)s); burying it as refused",
-                {"url": url, "error": cause},
-                extra={"spider": self.spider},
-            )
-            self.stats.inc_value("reliability/refused/transition")
-            self._batch.transitions.append(
-                Transition(
-                    tr.task_id,
-                    tr.token,
-                    Outcome.DEAD,
-                    error=f"cannot store its {tr.outcome.value}: {cause}",
-                    error_class="refused",
-                    attempts_inc=tr.attempts_inc,
-                )
-            )
-            return
-        self.stats.inc_value("reliability/unresolved")
-        logger.error(
-            "Cannot record that %(url)s is %(outcome)s (%(error)s); it stays unresolved and "
-            "goes back to pending when this worker stops",
-            {"url": url, "outcome": tr.outcome.value, "error": cause},
-            extra={"spider": self.spider},
-        )
-        self._forget(tr.task_id, tr.token)
-        self._settling.pop((tr.task_id, tr.token), None)
-
-    def _refuse(
-        self,
-        request: Request | None,
-        *,
-        key: str,
-        url: str,
-        priority: int,
-        reason: str,
-        stat: str,
-        first: bool = False,
-    ) -> None:
-        """Keep a request that cannot be scheduled as it is on the record: a dead
-        row of class ``refused`` holding what can be stored of it (URL, method,
-        callbacks; no meta), shown by ``status``, ``dead`` and ``explain`` and
-        replayed by ``scrapy retrypass``."""
-        assert self.spider is not None
-        self.stats.inc_value(f"reliability/refused/{stat}")
-        logger.error(
-            "Refused to schedule %(url)s: %(reason)s; kept as a dead letter of class "
-            "'refused' (`scrapy retrypass` replays it once fixed)",
-            {"url": storable_text(url, 500), "reason": reason},
-            extra={"spider": self.spider},
-        )
-        refusal = Refusal(
-            fingerprint=key,
-            url=storable_text(url, _URL_RECORD_LIMIT),
-            domain=storable_text(_hostname(url), 255),
-            priority=max(MIN_PRIORITY, min(MAX_PRIORITY, priority)),
-            payload=_stripped_payload(request, self.spider),
-            reason=reason,
-        )
-        if first:
-            # Found while a failed write is split: recorded before the parts after
-            # it (one of which may ack the request that yielded this one).
-            self._split.appendleft((WriteBatch(refusals=[refusal]), {}))
-        else:
-            self._batch.refusals.append(refusal)
-        self._schedule_flush()
-
-    def _absorb(self, result: WriteResult, batch: WriteBatch, requests: dict[str, Request]) -> None:
-        """Account for a written batch: duplicates, settled and lost leases."""
-        self.stats.inc_value("reliability/write/batches")
-        assert self.spider is not None
-        for row in batch.inserts:
-            if row.fingerprint not in result.inserted:
-                self.stats.inc_value("reliability/duplicates/stored")
-                request = requests.get(row.fingerprint)
-                if request is not None:
-                    self.dupefilter.log(request, self.spider)
-        inserted = len(result.inserted)
-        self.stats.inc_value("reliability/stored", inserted)
-        transitions = {tr.task_id: tr for tr in batch.transitions}
-        watched = self._settled_watched()
-        for task_id in result.settled:
-            tr = transitions[task_id]
-            self._forget(task_id, tr.token)
-            lease = self._settling.pop((task_id, tr.token), None)
-            self.stats.inc_value(f"reliability/{_STAT_OF[tr.outcome]}")
-            if watched and lease is not None:
-                self._send_settled(lease, tr)
-        if result.lost:
-            self.stats.inc_value("reliability/lease/lost", len(result.lost))
-            for task_id in result.lost:
-                self._forget(task_id, transitions[task_id].token)
-                self._settling.pop((task_id, transitions[task_id].token), None)
-            logger.warning(
-                "%(error)s", {"error": LeaseLost(result.lost)}, extra={"spider": self.spider}
-            )
-        if inserted or result.settled:
-            # New rows, rows back to pending, or leases freed under a domain's cap.
-            self._idle_until = 0.0
-            self._maybe_pending = True
-
-    def _stage(self, lease: _Lease, stage: _Stage) -> None:
-        """Move ``lease`` to ``stage``, counting this worker's requests in the
-        downloader per domain (see :meth:`_pick`)."""
-        if lease.stage is _Stage.FETCHING:
-            left = self._fetching[lease.domain] - 1
-            if left > 0:
-                self._fetching[lease.domain] = left
-            else:
-                del self._fetching[lease.domain]
-        if stage is _Stage.FETCHING:
-            self._fetching[lease.domain] = self._fetching.get(lease.domain, 0) + 1
-        lease.stage = stage
-
-    def _forget(self, task_id: int, token: str) -> None:
-        # The row may already be claimed again under a new lease (a claim result can
-        # be handled before the callback of the write that freed the row).
-        lease = self._leases.get(task_id)
-        if lease is not None and lease.token == token:
-            self._stage(lease, _Stage.SETTLING)
-            del self._leases[task_id]
-
-    def _settled_watched(self) -> bool:
-        return bool(
-            dispatcher.getAllReceivers(dispatcher.Any, reliability_signals.request_settled)
-            or dispatcher.getAllReceivers(self.crawler, reliability_signals.request_settled)
-        )
-
-    def _send_settled(self, lease: _Lease, tr: Transition) -> None:
-        if tr.outcome is Outcome.RESCHEDULE:
-            outcome = "retry" if tr.attempts_inc else "redirect"
-        elif tr.outcome is Outcome.RELEASE:
-            outcome = "released"
-        else:
-            outcome = tr.outcome.value
-        event = reliability_signals.Settled(
-            task_id=lease.task_id,
-            url=lease.url,
-            domain=lease.domain,
-            outcome=outcome,
-            attempt=lease.attempts + 1,
-            status=tr.status,
-            error=tr.error,
-            error_class=tr.error_class,
-            claimed_at=lease.claimed_at,
-            settled_at=time.time(),
-            worker=self.worker_id,
-        )
-        self.crawler.signals.send_catch_log(reliability_signals.request_settled, event=event)
-
-    # -- heartbeat --------------------------------------------------------------------------
-
-    def _beat(self) -> None:
-        if self.job is None or self._closing:
-            return
-        self._db.call_soon(self._beat_on_thread, self._beaten, self.job.id)
-
-    def _beat_on_thread(self, job_id: int) -> tuple[int, int, dict[str, frozenset[str]]]:
-        assert self.frontier is not None
-        self.frontier.check_storage()
-        renewed = self.frontier.renew(self.worker_id, lease_seconds=self.config.lease_seconds)
-        expired = self.frontier.expire(job_id)
-        peers = self.frontier.live_callbacks(
-            job_id, me=self.worker_id, alive_within=self.config.lease_seconds
-        )
-        return renewed, expired, peers
-
-    def _beaten(self, future: Future[tuple[int, int, dict[str, frozenset[str]]]]) -> None:
-        exc = future.exception()
-        if exc is not None:
-            if is_storage_failure(exc):
-                self._storage_trouble(exc)  # logged there, and stops the crawl in time
-                return
-            logger.error(
-                "Lease heartbeat failed: %(error)s",
-                {"error": self._cause(exc)},
-                extra={"spider": self.spider},
-            )
-            return
-        self._storage_ok()
-        _renewed, expired, self._peer_callbacks = future.result()
-        self._peers_at = time.time()
-        if self.frontier is not None:
-            self.stats.set_value("reliability/db/round_trips", self.frontier.round_trips)
-        if expired:
-            self.stats.inc_value("reliability/lease/recovered", expired)
-            logger.info(
-                "%(n)d expired leases of other workers went back to pending",
-                {"n": expired},
-                extra={"spider": self.spider},
-            )
-            self._idle_until = 0.0
-            self._maybe_pending = True
-            self._wake_engine()
-
-    # -- waking the engine ------------------------------------------------------------------
-
-    def _wake_at(self, when: float) -> None:
-        delay = max(0.0, when - time.time())
-        if self._wake_call is not None and self._wake_call.active():
-            if self._wake_call.getTime() <= the_reactor().seconds() + delay:
-                return
-            self._wake_call.cancel()
-        self._wake_call = the_reactor().callLater(delay, self._due)
-
-    def _due(self) -> None:
-        # The reactor's clock is not time.time(): a call may fire a hair before
-        # _idle_until, and a claim skipped then would wait for the engine's 5 s
-        # heartbeat.
-        self._idle_until = 0.0
-        if self._foreign_until <= time.time() + 0.01:
-            self._foreign_until = 0.0
-        self._wake_engine()
-
-    def _wake_engine(self) -> None:
-        """Ask the engine to call next_request() now rather than at its next
-        5-second heartbeat."""
-        engine = getattr(self.crawler, "engine", None)
-        nextcall = getattr(getattr(engine, "_slot", None), "nextcall", None)
-        if nextcall is not None:
-            nextcall.schedule()
+        self._writes.batch.domain_updates.append(update)
+        self._writes.schedule()
+        self._claims.wake_engine()
 
     def __len__(self) -> int:
-        return len(self._ready) + len(self._batch.inserts)
-
-
-# A row whose callback this worker lacks goes back for a worker that has it, at most
-# this many times.
-_MAX_HAND_BACKS = 1000
-# This many changes refused one after the other, each alone, with no write in between:
-# the database refuses everything, not one value; the crawl stops.
-_SYSTEMATIC_FAILURES = 25
-# A refused request's URL is kept up to this many characters.
-_URL_RECORD_LIMIT = 8192
-
-
-def _units(batch: WriteBatch) -> int:
-    return (
-        len(batch.inserts)
-        + len(batch.refusals)
-        + len(batch.dead_items)
-        + len(batch.transitions)
-        + (1 if batch.domain_updates or batch.recoveries else 0)
-    )
-
-
-def _halves(batch: WriteBatch) -> list[WriteBatch]:
-    """``batch`` as two smaller batches, in the order a write applies them
-    (inserts before the transitions that may ack their parents); itself when it
-    holds one change."""
-    units: list[tuple[str, Any]] = (
-        [("insert", r) for r in batch.inserts]
-        + [("refusal", r) for r in batch.refusals]
-        + [("dead_item", d) for d in batch.dead_items]
-        + [("transition", t) for t in batch.transitions]
-    )
-    if batch.domain_updates or batch.recoveries:
-        units.append(("domains", (batch.domain_updates, batch.recoveries)))
-    if len(units) <= 1:
-        return [batch]
-    middle = len(units) // 2
-    parts = []
-    for chunk in (units[:middle], units[middle:]):
-        part = WriteBatch(clear_dead_letters=batch.clear_dead_letters)
-        for kind, unit in chunk:
-            if kind == "insert":
-                part.inserts.append(unit)
-            elif kind == "refusal":
-                part.refusals.append(unit)
-            elif kind == "dead_item":
-                part.dead_items.append(unit)
-            elif kind == "transition":
-                part.transitions.append(unit)
-            else:
-                part.domain_updates, part.recoveries = unit
-        parts.append(part)
-    return parts
-
-
-def _one_line(exc: BaseException) -> str:
-    """An error in one line, without SQLAlchemy's statement and parameters (a
-    batch's parameters can be megabytes, and are the request's data)."""
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(orig if orig is not None else exc).__name__}: {first}"[:500]
-
-
-def _hostname(url: str) -> str:
-    try:
-        return urlparse_cached(Request(url)).hostname or ""
-    except Exception:  # a URL Request refuses has no hostname worth keeping
-        return ""
-
-
-def _stripped_payload(request: Request | None, spider: Spider) -> str:
-    """What can be stored of a refused request: its URL, method, callbacks and
-    priority, without meta, cb_kwargs, headers or body (one of which is what was
-    refused). '{}' when not even that can be stored (replayed, it is corrupt)."""
-    if request is None:
-        return "{}"
-    try:
-        bare = Request(
-            request.url,
-            method=request.method,
-            callback=request.callback,
-            errback=request.errback,
-            priority=max(MIN_PRIORITY, min(MAX_PRIORITY, request.priority)),
-            dont_filter=request.dont_filter,
-        )
-        return request_to_payload(bare, spider)
-    except Exception:  # whatever refused the request may refuse this too
-        return "{}"
-
-
-def _stop_crawl(crawler: Crawler, reason: str) -> None:
-    """Close the spider with ``reason`` (Scrapy 2.13's and 2.14+'s engine)."""
-    engine = crawler.engine
-    close_async = getattr(engine, "close_spider_async", None)
-    if close_async is not None:
-        from scrapy.utils.defer import deferred_from_coro
-
-        deferred_from_coro(close_async(reason=reason))
-    elif crawler.spider is not None:
-        engine.close_spider(crawler.spider, reason)
-
-
-_STAT_OF = {
-    Outcome.DONE: "acked",
-    Outcome.IGNORED: "ignored",
-    Outcome.DEAD: "dead",
-    Outcome.RESCHEDULE: "rescheduled/stored",
-    Outcome.RELEASE: "domain/released",
-}
-
-
-def _hook_scrape_completion(
-    crawler: Crawler,
-    on_start: Callable[[Request], None],
-    on_done: Callable[[Any, Request], Deferred[Any] | None],
-) -> Callable[[], None]:
-    """Call ``on_done(result, request)`` when Scrapy has fully processed a
-    downloaded response or failure.
-
-    Scrapy has no signal for that moment: ``Scraper.enqueue_scrape`` returns a
-    Deferred that fires once the callback or errback output is consumed, every
-    request it yielded is scheduled and every item it yielded has left the item
-    pipelines (``item_scraped``/``item_dropped``/``item_error`` sent). This wraps
-    it; returns a function that removes the wrap.
-    """
-    scraper = getattr(getattr(crawler, "engine", None), "scraper", None)
-    original = getattr(scraper, "enqueue_scrape", None)
-    if scraper is None or original is None:
-        raise RuntimeError(
-            "scrapy_reliability.Scheduler cannot find Scraper.enqueue_scrape in this "
-            "Scrapy version; it needs it to acknowledge requests after their items are "
-            "settled. Please report your Scrapy version."
-        )
-
-    def enqueue_scrape(result: Any, request: Request) -> Deferred[Any]:
-        on_start(request)
-        d: Deferred[Any] = original(result, request)
-
-        def done(value: Any) -> Any:
-            pending = on_done(result, request)
-            if pending is None:
-                return value
-            return pending.addBoth(lambda _: value)
-
-        d.addBoth(done)
-        return d
-
-    scraper.enqueue_scrape = enqueue_scrape
-
-    def unhook() -> None:
-        if scraper.enqueue_scrape is enqueue_scrape:
-            scraper.enqueue_scrape = original
-
-    return unhook
-
-
-def _send_item(crawler: Crawler, item: Any) -> Deferred[Any]:
-    """Run ``item`` through the item pipelines (as if a callback yielded it)."""
-    from scrapy.utils.defer import deferred_from_coro
-
-    scraper = crawler.engine.scraper
-    start = getattr(scraper, "start_itemproc_async", None)
-    if start is not None:
-        return deferred_from_coro(start(item, response=None))
-    d: Deferred[Any] = scraper.start_itemproc(item, response=None)
-    return d
+        return len(self._claims.ready) + len(self._writes.batch.inserts)

@@ -42,6 +42,8 @@ from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
 from w3lib.url import safe_url_string
 
+from scrapy_reliability.scheduling.meta import TRANSIENT_META
+
 logger = logging.getLogger(__name__)
 
 PAYLOAD_VERSION = 1
@@ -58,18 +60,6 @@ MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 #: Longest payload stored, in characters: far below the 1 GB either backend holds in
 #: one value, far above any request that does not carry a whole document in meta.
 MAX_PAYLOAD_LENGTH = 64 * 1024 * 1024
-
-#: Meta keys that describe one fetch of a request, not the request: never stored.
-TRANSIENT_META = frozenset(
-    {
-        "reliability_task_id",
-        "reliability_attempts",
-        "reliability_retry",
-        "reliability_failure",
-        "download_latency",
-        "_slot_proxy",
-    }
-)
 
 _TAG = "__reliability_type__"
 

@@ -1,0 +1,73 @@
+"""Batches of frontier changes: their size, and splitting one a database refused.
+
+A write that the database refuses for a value of one row is written again in
+halves, in the order a write applies them, until that row is alone (see
+``WritePipeline`` in ``writes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy_reliability.frontier import WriteBatch
+
+#: A failed write is tried again after this many seconds; nothing is dropped.
+WRITE_RETRY_SECONDS = 1.0
+#: Buffered new requests at most before enqueue_request waits for the database.
+MAX_BUFFERED = 2000
+#: This many changes refused one after the other, each alone, with no write in
+#: between: the database refuses everything, not one value; the crawl stops.
+SYSTEMATIC_FAILURES = 25
+
+
+def units(batch: WriteBatch) -> int:
+    """The changes of ``batch`` that a split can separate."""
+    return (
+        len(batch.inserts)
+        + len(batch.refusals)
+        + len(batch.dead_items)
+        + len(batch.transitions)
+        + (1 if batch.domain_updates or batch.recoveries else 0)
+    )
+
+
+def halves(batch: WriteBatch) -> list[WriteBatch]:
+    """``batch`` as two smaller batches, in the order a write applies them
+    (inserts before the transitions that may ack their parents); itself when it
+    holds one change."""
+    parts_of: list[tuple[str, Any]] = (
+        [("insert", r) for r in batch.inserts]
+        + [("refusal", r) for r in batch.refusals]
+        + [("dead_item", d) for d in batch.dead_items]
+        + [("transition", t) for t in batch.transitions]
+    )
+    if batch.domain_updates or batch.recoveries:
+        parts_of.append(("domains", (batch.domain_updates, batch.recoveries)))
+    if len(parts_of) <= 1:
+        return [batch]
+    middle = len(parts_of) // 2
+    parts = []
+    for chunk in (parts_of[:middle], parts_of[middle:]):
+        part = WriteBatch(clear_dead_letters=batch.clear_dead_letters)
+        for kind, unit in chunk:
+            if kind == "insert":
+                part.inserts.append(unit)
+            elif kind == "refusal":
+                part.refusals.append(unit)
+            elif kind == "dead_item":
+                part.dead_items.append(unit)
+            elif kind == "transition":
+                part.transitions.append(unit)
+            else:
+                part.domain_updates, part.recoveries = unit
+        parts.append(part)
+    return parts
+
+
+def one_line(exc: BaseException) -> str:
+    """An error in one line, without SQLAlchemy's statement and parameters (a
+    batch's parameters can be megabytes, and are the request's data)."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(orig if orig is not None else exc).__name__}: {first}"[:500]

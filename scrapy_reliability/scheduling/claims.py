@@ -1,0 +1,247 @@
+"""The claim buffer: rows leased from the frontier, rebuilt into requests and
+waiting for the engine; when to claim again (polling, the next row due, a wake-up
+timer), and the back-off from rows only another spider version can run.
+
+The reactor never waits for a claim: a claim's callback buffers its rows and
+wakes the engine. A claim asked for while a write is in flight rides on the next
+write (one transaction, one commit)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from scrapy import Request
+from scrapy.utils.httpobj import urlparse_cached
+
+from scrapy_reliability._executor import the_reactor
+from scrapy_reliability.frontier import Claimed, ClaimResult, ClaimSpec
+from scrapy_reliability.scheduling import engine
+from scrapy_reliability.scheduling.batches import WRITE_RETRY_SECONDS
+from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
+from scrapy_reliability.scheduling.meta import ATTEMPTS_META, TASK_META
+from scrapy_reliability.scheduling.storage import StorageHealth
+from scrapy_reliability.scheduling.writes import WritePipeline
+from scrapy_reliability.serialization import CorruptPayload, MissingCallback, payload_to_request
+
+logger = logging.getLogger("scrapy_reliability.scheduler")
+
+# With nothing due and other workers holding leases, look again after this long,
+# doubling up to _POLL_SECONDS while nothing turns up.
+_FIRST_POLL_SECONDS = 0.05
+_POLL_SECONDS = 0.5
+
+
+class ClaimBuffer:
+    def __init__(
+        self,
+        ctx: Context,
+        leases: LeaseBook,
+        writes: WritePipeline,
+        storage: StorageHealth,
+        *,
+        claim_batch: int,
+        hand_back_or_bury: Callable[[Lease, MissingCallback], bool],
+        bury_unbuildable: Callable[[Lease, Exception], None],
+    ) -> None:
+        self.ctx = ctx
+        self.leases = leases
+        self.writes = writes
+        self.storage = storage
+        self.claim_batch = claim_batch
+        # A row whose callback this spider lacks; a row that cannot be rebuilt.
+        self._hand_back_or_bury = hand_back_or_bury
+        self._bury_unbuildable = bury_unbuildable
+        self.ready: deque[Request] = deque()
+        self.in_flight: Future[Any] | None = None
+        self.wanted = False
+        self._poll_delay = _FIRST_POLL_SECONDS
+        # Nothing is due before this time unless something changed (a write landed).
+        self.idle_until = 0.0
+        self.maybe_pending = True
+        # Seconds this worker waits before claiming again after a claim of only rows
+        # it had to hand back; no claim before _foreign_until (unlike idle_until, a
+        # write of ours does not end it).
+        self._foreign_backoff = 0.0
+        self._foreign_until = 0.0
+        self._wake_call: Any = None
+
+    def pending(self) -> bool:
+        """Rows buffered, a claim in flight, or rows that may be due."""
+        return bool(self.ready or self.in_flight is not None or self.maybe_pending)
+
+    def spec(self) -> ClaimSpec:
+        config = self.ctx.config
+        return ClaimSpec(
+            self.ctx.worker_id,
+            self.claim_batch,
+            lease_seconds=config.lease_seconds,
+            newest_first=config.order == "dfs",
+            politeness=config.politeness,
+        )
+
+    def claim(self) -> None:
+        """Claim more rows, unless nothing can be due yet."""
+        ctx = self.ctx
+        if ctx.job is None or ctx.closing or self.in_flight is not None:
+            return
+        if time.time() < max(self.idle_until, self._foreign_until):
+            return
+        if self.writes.in_flight is not None:
+            # Rides on the next write, sent when this one lands: one transaction.
+            self.wanted = True
+            return
+        self.wanted = False
+        if self.writes.batch:
+            self.writes.write(claim=True)
+            return
+        self.in_flight = ctx.db.call_soon(
+            self._claim_on_thread, self._claim_landed, ctx.job.id, inline=ctx.inline
+        )
+
+    def _claim_on_thread(self, job_id: int) -> ClaimResult:
+        assert self.ctx.frontier is not None
+        spec = self.spec()
+        return self.ctx.frontier.claim(
+            job_id,
+            spec.worker_id,
+            spec.limit,
+            lease_seconds=spec.lease_seconds,
+            newest_first=spec.newest_first,
+            politeness=spec.politeness,
+        )
+
+    def _claim_landed(self, future: Future[ClaimResult]) -> None:
+        if future is not self.in_flight:
+            return  # already handled
+        self.in_flight = None
+        exc = future.exception()
+        if exc is not None:
+            self._claim_failed(exc)
+            return
+        self.storage.ok()
+        self.take(future.result())
+
+    def _claim_failed(self, exc: BaseException) -> None:
+        if self.storage.trouble(exc):
+            return
+        logger.error(
+            "Claiming requests failed: %(error)s; trying again in %(s).0f s",
+            {"error": exc, "s": WRITE_RETRY_SECONDS},
+            extra=self.ctx.log(),
+        )
+        self.idle_until = time.time() + WRITE_RETRY_SECONDS
+        self.maybe_pending = True
+        self.wake_at(self.idle_until)
+
+    def take(self, result: ClaimResult) -> None:
+        """Buffer the rows of a claim (alone or carried by a write); when none came,
+        decide when to look again."""
+        if self.ctx.closing:
+            return  # its leases are released with the rest of this worker's
+        # The engine asks again: for the rows now buffered, or to find nothing (and
+        # perhaps the spider idle).
+        self.wake_engine()
+        if result.rows:
+            self._poll_delay = _FIRST_POLL_SECONDS
+            self.something_changed()
+            self.ctx.stats.inc_value("reliability/claimed", len(result.rows))
+            handed = sum(self._rebuild(row) for row in result.rows)
+            if handed == len(result.rows):
+                # Only rows of another spider version: leave them to the workers that
+                # have their callbacks for a while, longer while it goes on.
+                self._foreign_backoff = min(max(0.25, 2 * self._foreign_backoff), 5.0)
+                self._foreign_until = time.time() + self._foreign_backoff
+                self.wake_at(self._foreign_until)
+            else:
+                self._foreign_backoff = 0.0
+            return
+        now = time.time()
+        if result.next_due is not None:
+            self.maybe_pending = True
+            self.idle_until = max(result.next_due, now + 0.05)
+            self.wake_at(self.idle_until)
+        elif result.leased_elsewhere:
+            # Other workers hold leases: their pages may yield new requests any time.
+            # Look again soon, then less and less often while nothing turns up.
+            self.maybe_pending = True
+            self.idle_until = now + self._poll_delay
+            self._poll_delay = min(self._poll_delay * 2, _POLL_SECONDS)
+            self.wake_at(self.idle_until)
+        else:
+            # Nothing pending anywhere: only a write of ours can change that.
+            self.maybe_pending = False
+            self.idle_until = math.inf
+
+    def _rebuild(self, row: Claimed) -> bool:
+        """Rebuild a claimed row into a request in the ready buffer; True when it was
+        handed back for a worker whose spider has its callback."""
+        assert self.ctx.spider is not None
+        lease = Lease(row.id, row.token, row.fingerprint, Stage.READY, claimed_at=time.time())
+        self.leases.add(lease)
+        try:
+            request = payload_to_request(row.payload, self.ctx.spider)
+            retry_times = request.meta.get("retry_times", 0)
+            if isinstance(retry_times, bool) or not isinstance(retry_times, int):
+                raise CorruptPayload(f"meta['retry_times'] is not a whole number: {retry_times!r}")
+        except MissingCallback as exc:
+            return self._hand_back_or_bury(lease, exc)
+        except Exception as exc:  # a stored row that cannot be rebuilt costs that row only
+            self._bury_unbuildable(lease, exc)
+            return False
+        request.meta[TASK_META] = row.id
+        request.meta[ATTEMPTS_META] = row.attempts
+        lease.retry_times = retry_times
+        lease.attempts = row.attempts
+        lease.first_failed_at = row.first_failed_at
+        lease.url = request.url
+        lease.method = request.method
+        lease.domain = urlparse_cached(request).hostname or ""
+        self.ready.append(request)
+        return False
+
+    # -- when to look again -------------------------------------------------------------------
+
+    def something_changed(self) -> None:
+        """New rows, rows back to pending, or leases freed: claim again at once."""
+        self.idle_until = 0.0
+        self.maybe_pending = True
+
+    def wait_until(self, when: float) -> None:
+        """No claim before ``when`` (a storage failure is being waited out)."""
+        self.idle_until = max(self.idle_until, when)
+        self.wake_at(when)
+
+    def wake_at(self, when: float) -> None:
+        delay = max(0.0, when - time.time())
+        if self._wake_call is not None and self._wake_call.active():
+            if self._wake_call.getTime() <= the_reactor().seconds() + delay:
+                return
+            self._wake_call.cancel()
+        self._wake_call = the_reactor().callLater(delay, self._due)
+
+    def _due(self) -> None:
+        # The reactor's clock is not time.time(): a call may fire a hair before
+        # idle_until, and a claim skipped then would wait for the engine's 5 s
+        # heartbeat.
+        self.idle_until = 0.0
+        if self._foreign_until <= time.time() + 0.01:
+            self._foreign_until = 0.0
+        self.wake_engine()
+
+    def wake_engine(self) -> None:
+        engine.wake_engine(self.ctx.crawler)
+
+    def stop(self) -> int:
+        """Closing: no wake-up; returns how many buffered requests never started."""
+        if self._wake_call is not None and self._wake_call.active():
+            self._wake_call.cancel()
+        never_started = len(self.ready)
+        self.ready.clear()
+        return never_started

@@ -1,0 +1,205 @@
+"""The job session's database-thread side: open (connect, job, register,
+recover), heartbeat, close (final writes, release, what is left). Each function
+runs on the database thread and returns what the reactor side (``session``)
+reports; none touches Scrapy or the reactor."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from scrapy_reliability import _jobs
+from scrapy_reliability.config import Config, RetryPass
+from scrapy_reliability.frontier import (
+    Frontier,
+    FrontierUnavailable,
+    Job,
+    JobFinished,
+    WriteBatch,
+    WriteResult,
+)
+from scrapy_reliability.frontier.dialect import redact, scrub
+from scrapy_reliability.frontier.store import SQLAlchemyError
+from scrapy_reliability.scheduling.batches import one_line, units
+
+logger = logging.getLogger("scrapy_reliability.scheduler")
+
+
+@dataclass(frozen=True)
+class Worker:
+    """Who this process is, as the frontier knows it."""
+
+    id: str
+    hostname: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Opened:
+    frontier: Frontier
+    job: Job
+    recovered: int
+    counts: dict[str, int]
+    #: Other live workers of the job and their spiders' callback names.
+    peers: dict[str, frozenset[str]]
+
+
+@dataclass
+class Closing:
+    """What closing the job found (see :func:`close_job`)."""
+
+    released: int = 0
+    lost: int = 0
+    #: Frontier.unprocessed(): pending/leased rows and unanswered dead rows by class.
+    left: dict[str, int] = field(default_factory=dict)
+    #: Other live workers of the job.
+    peers: int = 0
+    #: Why the database could not be closed cleanly.
+    failed: str | None = None
+
+
+def callback_names(spider: Any) -> list[str]:
+    """The public method names of the spider: what a stored callback can name."""
+    if spider is None:
+        return []
+    cls = type(spider)
+    return sorted(
+        name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name, None))
+    )
+
+
+def open_job(
+    url: str,
+    name: str,
+    *,
+    config: Config,
+    scheme: str,
+    retry_pass: RetryPass | None,
+    worker: Worker,
+    callbacks: list[str],
+) -> Opened | JobFinished:
+    """Connect, open the job, register this worker, recover dead workers' leases."""
+    frontier = Frontier.connect(
+        url,
+        auto_migrate=config.auto_migrate,
+        busy_timeout=config.sqlite_busy_timeout,
+    )
+    try:
+        reopened = _reopen_dead_letters(frontier, name, retry_pass)
+        try:
+            job = frontier.open_job(
+                name,
+                scheme,
+                reuse_finished=retry_pass is not None,
+                restart_finished=config.restart_finished,
+            )
+        except JobFinished as exc:
+            frontier.close()
+            return exc
+        frontier.register_worker(
+            job.id, worker.id, worker.hostname, worker.pid, callbacks=callbacks
+        )
+        frontier.record_limits(job.id, config.politeness.to_json())
+        # One process per SQLite file (held by the lock), so any other registered
+        # worker of this job is a dead predecessor.
+        exclusive = frontier.engine.dialect.name == "sqlite"
+        recovered = frontier.recover_dead_workers(
+            job.id,
+            me=worker.id,
+            is_dead=(lambda _h, _p: True) if exclusive else _jobs.local_process_is_dead,
+        )
+        recovered += frontier.expire(job.id)
+        counts = frontier.counts(job.id) if job.resumed else {}
+        peers = frontier.live_callbacks(job.id, me=worker.id, alive_within=config.lease_seconds)
+    except SQLAlchemyError as exc:
+        frontier.close()
+        # E.g. a full disk: the database opened but cannot be written.
+        raise FrontierUnavailable(
+            f"Cannot start job {name!r} on the frontier {redact(url)}: "
+            f"{scrub(one_line(exc), frontier.engine.url)}. "
+            "Fix the database (disk space, permissions) and run the same command again."
+        ) from None
+    except BaseException:
+        frontier.close()
+        raise
+    if reopened is not None:
+        counts["reopened"] = reopened
+    return Opened(frontier, job, recovered, counts, peers)
+
+
+def _reopen_dead_letters(frontier: Frontier, name: str, rp: RetryPass | None) -> int | None:
+    if rp is None:
+        return None
+    reopened = frontier.reopen_dead(
+        name,
+        error_classes=rp.error_classes,
+        domains=rp.domains,
+        failed_before=time.time() - rp.min_age if rp.min_age else None,
+    )
+    return 0 if reopened is None else reopened[1]
+
+
+def beat(
+    frontier: Frontier, worker_id: str, job_id: int, lease_seconds: float
+) -> tuple[int, int, dict[str, frozenset[str]]]:
+    """The heartbeat: renew this worker's leases, expire others' stale ones, and
+    read the live workers' callbacks."""
+    frontier.check_storage()
+    renewed = frontier.renew(worker_id, lease_seconds=lease_seconds)
+    expired = frontier.expire(job_id)
+    peers = frontier.live_callbacks(job_id, me=worker_id, alive_within=lease_seconds)
+    return renewed, expired, peers
+
+
+def close_job(
+    frontier: Frontier,
+    job_id: int,
+    worker_id: str,
+    *,
+    batches: list[WriteBatch],
+    finished: bool,
+    in_flight: Future[WriteResult] | None,
+    lease_seconds: float,
+    cause: Callable[[BaseException], str],
+    spider: Any,
+) -> Closing:
+    """Write what is left, release this worker's leases, finish the job if it is
+    complete, and say what keeps it from being so.
+
+    The writes stop at the first that fails (the one in flight included): a later
+    one may ack a parent whose children the failed one held. Their requests stay
+    leased and are released below, so the next run fetches them again."""
+    closing = Closing()
+    try:
+        failed = in_flight is not None and in_flight.exception() is not None
+        for batch in batches:
+            if failed or not batch:
+                continue
+            try:
+                closing.lost += len(frontier.write(job_id, batch).lost)
+            except SQLAlchemyError as exc:
+                failed = True
+                logger.error(
+                    "Final write of %(n)d frontier changes failed: %(error)s; their "
+                    "requests, and those of the writes after it, go back to pending",
+                    {"n": units(batch), "error": cause(exc)},
+                    extra={"spider": spider},
+                )
+        closing.released = frontier.release_leases_of(worker_id)
+        if finished:
+            frontier.finish_job_if_complete(job_id)
+            closing.left = frontier.unprocessed(job_id)
+            closing.peers = len(
+                frontier.live_callbacks(job_id, me=worker_id, alive_within=lease_seconds)
+            )
+        frontier.stop_worker(worker_id)
+    except Exception as exc:  # whatever it was, close the rest and say so
+        # The database is gone: leases it still holds expire by themselves.
+        closing.failed = cause(exc)
+    finally:
+        frontier.close()
+    return closing

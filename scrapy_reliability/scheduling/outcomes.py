@@ -1,0 +1,423 @@
+"""Outcomes: one method per lifecycle transition of a leased request.
+
+Each buffers the row's transition in the write pipeline, after moving its lease
+to SETTLING in the lease book; the transition commits with the next write, after
+the children the request yielded (see ``writes``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Any
+
+from itemadapter import ItemAdapter
+from scrapy import Request, Spider
+from scrapy.exceptions import IgnoreRequest
+from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+from scrapy_reliability.frontier import DeadItem, Outcome, Transition
+from scrapy_reliability.frontier.store import storable_text
+from scrapy_reliability.items import DeadLetter, export_to_dead_letter_feeds
+from scrapy_reliability.retry import ErrorClass, RetryPolicy
+from scrapy_reliability.scheduling import engine
+from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
+from scrapy_reliability.scheduling.meta import failure_of, retry_of
+from scrapy_reliability.scheduling.politeness import LocalPoliteness
+from scrapy_reliability.scheduling.writes import WritePipeline
+from scrapy_reliability.serialization import (
+    MissingCallback,
+    UnserializableRequest,
+    check_storable_fields,
+    request_to_payload,
+)
+
+logger = logging.getLogger("scrapy_reliability.scheduler")
+
+# A row whose callback this worker lacks goes back for a worker that has it, at most
+# this many times.
+_MAX_HAND_BACKS = 1000
+
+
+class Peers:
+    """The other live workers of the job and their spiders' callbacks (mixed
+    versions of a spider): read at open, by each heartbeat, and on demand."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.callbacks: dict[str, frozenset[str]] = {}
+        self.read_at = 0.0
+        self._future: Future[dict[str, frozenset[str]]] | None = None
+
+    def update(self, callbacks: dict[str, frozenset[str]]) -> None:
+        self.callbacks = callbacks
+        self.read_at = time.time()
+
+    def refresh(self) -> None:
+        ctx = self.ctx
+        if ctx.job is None or ctx.closing or self._future is not None:
+            return
+        assert ctx.frontier is not None
+        frontier, job_id = ctx.frontier, ctx.job.id
+
+        def read() -> dict[str, frozenset[str]]:
+            return frontier.live_callbacks(
+                job_id, me=ctx.worker_id, alive_within=ctx.config.lease_seconds
+            )
+
+        def done(future: Future[dict[str, frozenset[str]]]) -> None:
+            self._future = None
+            if future.exception() is None:
+                self.update(future.result())
+
+        self._future = ctx.db.call_soon(read, done)
+
+
+class Outcomes:
+    def __init__(
+        self,
+        ctx: Context,
+        leases: LeaseBook,
+        writes: WritePipeline,
+        politeness: LocalPoliteness,
+        policy: RetryPolicy,
+    ) -> None:
+        self.ctx = ctx
+        self.leases = leases
+        self.writes = writes
+        self.politeness = politeness
+        self.policy = policy
+        self.peers = Peers(ctx)
+        # Times each row was handed back by this worker.
+        self._handed_back: dict[int, int] = {}
+
+    def _settle(
+        self,
+        lease: Lease,
+        outcome: Outcome,
+        *,
+        status: int | None = None,
+        error: str | None = None,
+        error_class: str | None = None,
+        attempts_inc: int = 0,
+    ) -> None:
+        self.leases.start_settling(lease)
+        self.writes.transition(
+            Transition(
+                lease.task_id,
+                lease.token,
+                outcome,
+                status=status,
+                error=error,
+                error_class=error_class,
+                attempts_inc=attempts_inc,
+            )
+        )
+
+    # -- after the download -------------------------------------------------------------------
+
+    def scrape_started(self, request: Request) -> None:
+        lease = self.leases.of(request)
+        if lease is not None and lease.stage is Stage.FETCHING:
+            self.leases.move(lease, Stage.SCRAPING)
+
+    def scraped(self, result: Any, request: Request) -> Deferred[Any] | None:
+        """Scrapy is done with ``request``: output consumed, children scheduled,
+        items through the pipelines. Ack it, record it as ignored, or bury it (a
+        request that failed for good; its DeadLetter item goes through the
+        pipelines first, so it too is settled before the burial commits).
+        Returns a Deferred while that runs."""
+        lease = self.leases.of(request)
+        if lease is None or lease.stage is not Stage.SCRAPING:
+            return None
+        failure = failure_of(request)
+        if failure is None and isinstance(result, Failure):
+            if isinstance(result.value, IgnoreRequest):
+                self.ignore(lease)
+                return None
+            exc = result.value
+            assert exc is not None
+            error_class = self.policy.classify_exception(exc)
+            if error_class is ErrorClass.CANCELLED:
+                return None  # left leased: released when the crawl closes
+            failure = {
+                "error_class": error_class.value,
+                "status": None,
+                "error": f"{type(result.value).__name__}: {result.value}",
+            }
+        if failure is None:
+            self.ack(lease)
+            return None
+        return self.bury(lease, failure)
+
+    def ack(self, lease: Lease) -> None:
+        """Done: callback output consumed, items settled."""
+        self._settle(lease, Outcome.DONE)
+        if self.politeness.recovering(lease.domain):
+            recoveries = self.writes.batch.recoveries
+            recoveries[lease.domain] = recoveries.get(lease.domain, 0) + 1
+
+    def ignore(self, lease: Lease, error: str | None = None) -> None:
+        """Dropped on purpose (IgnoreRequest), or by a middleware without a response."""
+        self._settle(lease, Outcome.IGNORED, error=error)
+
+    def bury(self, lease: Lease, failure: dict[str, Any]) -> Deferred[Any] | None:
+        """Failed for good: a dead letter (its DeadLetter item, when enabled, goes
+        through the pipelines or the dead-letter feeds first)."""
+        config = self.ctx.config
+        error_class = str(failure.get("error_class") or ErrorClass.PERMANENT.value)
+        status = failure.get("status")
+        error = str(failure.get("error") or "")
+        self.ctx.stats.inc_value(f"reliability/dead/{error_class}")
+
+        def settle(_: Any = None) -> None:
+            self._settle(
+                lease,
+                Outcome.DEAD,
+                status=status,
+                error=error,
+                error_class=error_class,
+                attempts_inc=1,
+            )
+
+        if not config.dead_letter_items and not config.dead_letter_feeds:
+            settle()
+            return None
+        now = time.time()
+        item = DeadLetter(
+            url=lease.url,
+            error_class=error_class,
+            status=status,
+            attempts=lease.attempts + 1,
+            error=error,
+            domain=lease.domain,
+            method=lease.method,
+            first_failed_at=lease.first_failed_at or now,
+            last_failed_at=now,
+            task_id=lease.task_id,
+            job=self.ctx.job.name if self.ctx.job else "",
+        )
+        if not config.dead_letter_items:
+            # Only the feeds that name DeadLetter: no pipeline, no other feed. The
+            # write precedes the ack, and the ack's batch flushes the feeds first.
+            try:
+                export_to_dead_letter_feeds(self.ctx.feed_exporters, item, self.ctx.spider)
+            except Exception as exc:  # a feed failure costs the feed line, not the burial
+                logger.error(
+                    "Writing the dead letter of %(url)s to its feed failed: %(error)s; "
+                    "it stays in the frontier (scrapy frontier dead)",
+                    {"url": item.url, "error": exc},
+                    extra=self.ctx.log(),
+                )
+            settle()
+            return None
+        d = engine.send_item(self.ctx.crawler, item)
+        d.addBoth(settle)
+        return d
+
+    def reschedule(self, lease: Lease, request: Request) -> bool:
+        """A downloader middleware sent our leased request back (a retry or a
+        redirect): the same row goes back to pending with the new request."""
+        ctx = self.ctx
+        assert ctx.spider is not None
+        decided = retry_of(request)
+        retried = decided is not None or (
+            int(request.meta.get("retry_times", 0)) > lease.retry_times
+        )
+        try:
+            payload = request_to_payload(request, ctx.spider)
+            unstorable = check_storable_fields(
+                request.url, request.priority, urlparse_cached(request).hostname or ""
+            )
+        except UnserializableRequest as exc:
+            unstorable = str(exc)
+        if unstorable is not None:
+            # The row keeps its last storable request; the retry or redirect is refused.
+            logger.error(
+                "Cannot store the rescheduled %(request)s: %(error)s; burying it as refused",
+                {"request": request, "error": unstorable},
+                extra=ctx.log(),
+            )
+            ctx.stats.inc_value("reliability/refused/transition")
+            self._settle(
+                lease,
+                Outcome.DEAD,
+                error=f"cannot store its retry or redirect: {unstorable}",
+                error_class="refused",
+            )
+            return True
+        self.leases.start_settling(lease)
+        failure = decided or {}
+        pause_until = failure.get("pause_until")
+        slow_down = bool(failure.get("slow_down"))
+        if pause_until:
+            self.politeness.pause(lease.domain, float(pause_until))
+        if slow_down:
+            self.politeness.slow_down(lease.domain, failure.get("error"))
+        self.writes.transition(
+            Transition(
+                lease.task_id,
+                lease.token,
+                Outcome.RESCHEDULE,
+                payload=payload,
+                url=request.url,
+                not_before=float(failure.get("not_before") or 0.0),
+                attempts_inc=1 if retried else 0,
+                status=failure.get("status"),
+                error=failure.get("error"),
+                error_class=failure.get("error_class"),
+                domain=lease.domain,
+                pause_until=float(pause_until) if pause_until else None,
+                pause_reason=f"Retry-After ({failure.get('status')})" if pause_until else None,
+                slow_down=slow_down,
+            )
+        )
+        ctx.stats.inc_value(f"reliability/rescheduled/{'retry' if retried else 'redirect'}")
+        return True
+
+    def record_item_failure(
+        self, item: Any, response: Any, spider: Spider, failure: Failure
+    ) -> None:
+        """An item raised in an item pipeline: keep it as a dead letter of kind
+        ``item``, written before (or with) its request's ack."""
+        if isinstance(item, DeadLetter):
+            logger.error(
+                "A pipeline raised on a DeadLetter item (%(url)s): %(error)s; the dead "
+                "letter stays in the frontier",
+                {"url": item.url, "error": failure.value},
+                extra=self.ctx.log(),
+            )
+            return
+        request = getattr(response, "request", None)
+        lease = self.leases.of(request) if isinstance(request, Request) else None
+        url = request.url if isinstance(request, Request) else ""
+        try:
+            stored = json.dumps(ItemAdapter(item).asdict(), default=repr)
+        except (TypeError, ValueError):
+            stored = json.dumps({"repr": repr(item)[:4000]})
+        self.writes.batch.dead_items.append(
+            DeadItem(
+                request_id=lease.task_id if lease else None,
+                url=url,
+                domain=urlparse_cached(request).hostname or ""
+                if isinstance(request, Request)
+                else "",
+                error=f"{type(failure.value).__name__}: {failure.value}",
+                item=stored,
+            )
+        )
+        self.ctx.stats.inc_value("reliability/dead/item")
+        self.writes.schedule()
+
+    # -- before the download ------------------------------------------------------------------
+
+    def hand_back_or_bury(self, lease: Lease, exc: MissingCallback) -> bool:
+        """This worker's spider lacks the row's callback: another version of the
+        spider, running as another live worker of the job, may have it. Hand the
+        row back for that worker (due at once, no attempt spent); bury it as
+        ``incompatible`` only when no live worker has that callback (or after
+        many hand-backs), for `scrapy retrypass` to replay from a version that has."""
+        name = exc.name
+        takers = [w for w, names in self.peers.callbacks.items() if name in names]
+        handed = self._handed_back.get(lease.task_id, 0)
+        stale = time.time() - self.peers.read_at > 1.0
+        if not takers and stale:
+            # A worker of the other version may have started since the last heartbeat:
+            # look again before burying (the row is handed back meanwhile).
+            self.peers.refresh()
+            takers = ["(looking)"]
+        if takers and handed < _MAX_HAND_BACKS:
+            self._handed_back[lease.task_id] = handed + 1
+            if handed == 0:
+                self.ctx.stats.inc_value("reliability/handed_back")
+            logger.debug(
+                "Frontier task %(id)d needs callback %(name)r, which this spider lacks and "
+                "worker %(worker)s has: handing it back",
+                {"id": lease.task_id, "name": name, "worker": takers[0]},
+                extra=self.ctx.log(),
+            )
+            self.leases.start_settling(lease)
+            self.writes.transition(
+                Transition(
+                    lease.task_id,
+                    lease.token,
+                    Outcome.RELEASE,
+                    # Due soon for the others; later each time this worker gets it
+                    # back (and it claims less often while it gets only such rows).
+                    not_before=time.time() + min(0.05 * 2**handed, 5.0),
+                )
+            )
+            return True
+        self._bury_unanswered(
+            lease,
+            "incompatible",
+            f"the spider has no method {name!r}",
+            f"needs callback {name!r}, which this spider lacks and no live worker of the job has",
+        )
+        return False
+
+    def bury_unbuildable(self, lease: Lease, exc: Exception) -> None:
+        """A claimed row that cannot be rebuilt into a request costs that row only."""
+        self._bury_unanswered(
+            lease,
+            "corrupt",
+            f"cannot rebuild the stored request: {exc}",
+            f"cannot be rebuilt into a request ({storable_text(str(exc), 300)})",
+        )
+
+    def _bury_unanswered(self, lease: Lease, error_class: str, error: str, why: str) -> None:
+        """A claimed row no server will answer: a dead letter of its own class (see
+        UNPROCESSED_CLASSES), for `scrapy retrypass --error-class` after a fix."""
+        self.ctx.stats.inc_value(f"reliability/dead/{error_class}")
+        logger.error(
+            "Frontier task %(id)d %(why)s; recording it as a dead letter of class "
+            "%(cls)r (`scrapy retrypass --error-class %(cls)s` replays it after a fix)",
+            {"id": lease.task_id, "why": why, "cls": error_class},
+            extra=self.ctx.log(),
+        )
+        self._settle(lease, Outcome.DEAD, error=error, error_class=error_class, attempts_inc=1)
+
+    def return_paused(self, ready: deque[Request]) -> deque[Request]:
+        """Requests of a domain paused while they waited in the buffer go back to
+        the frontier, due when the pause ends; they were never started. Returns
+        the buffer without them."""
+        paused = self.politeness.paused_now()
+        if not paused:
+            return ready
+        keep: deque[Request] = deque()
+        for request in ready:
+            lease = self.leases.of(request)
+            paused_until = paused.get(lease.domain) if lease is not None else None
+            if lease is None or paused_until is None:
+                keep.append(request)
+                continue
+            self.leases.start_settling(lease)
+            self.writes.batch.transitions.append(
+                Transition(lease.task_id, lease.token, Outcome.RELEASE, not_before=paused_until)
+            )
+            self.ctx.stats.inc_value("reliability/domain/held")
+        if len(keep) == len(ready):
+            return ready
+        self.writes.schedule()
+        return keep
+
+    def ignore_dropped(self) -> None:
+        """At a finished close: requests handed to the engine and never completed
+        were replaced or dropped by a downloader middleware. Scrapy is done with
+        them, so is the frontier."""
+        orphans = [
+            lease for lease in self.leases if lease.stage in (Stage.FETCHING, Stage.SCRAPING)
+        ]
+        for lease in orphans:
+            logger.warning(
+                "Frontier task %(id)d was dropped by a middleware without a response; "
+                "recording it as ignored",
+                {"id": lease.task_id},
+                extra=self.ctx.log(),
+            )
+            self.ignore(lease, error="dropped without a response")

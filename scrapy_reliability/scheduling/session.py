@@ -1,0 +1,365 @@
+"""The job session: open (connect, open the job, register, recover), the
+heartbeat, and close (the final writes, this worker's leases released, and an
+honest account of what is left, in the log and the finish reason).
+
+What runs on the database thread is in ``jobdb``; this is the reactor side.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from scrapy import Spider, signals
+from twisted.internet import task
+from twisted.internet.defer import Deferred, succeed
+from twisted.python.failure import Failure
+
+from scrapy_reliability import _exitcode, _feeds, _jobs
+from scrapy_reliability.frontier import FrontierError, JobFinished
+from scrapy_reliability.frontier.dialect import redact
+from scrapy_reliability.frontier.store import UNPROCESSED_CLASSES, is_storage_failure
+from scrapy_reliability.scheduling import engine, jobdb
+from scrapy_reliability.scheduling.claims import ClaimBuffer
+from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.outcomes import Outcomes
+from scrapy_reliability.scheduling.storage import StorageHealth
+from scrapy_reliability.scheduling.writes import WritePipeline
+
+if TYPE_CHECKING:
+    from scrapy_reliability.dupefilter import DupeFilter
+
+logger = logging.getLogger("scrapy_reliability.scheduler")
+
+
+class Session:
+    def __init__(
+        self,
+        ctx: Context,
+        dupefilter: DupeFilter,
+        *,
+        storage: StorageHealth,
+        writes: WritePipeline,
+        claims: ClaimBuffer,
+        outcomes: Outcomes,
+    ) -> None:
+        self.ctx = ctx
+        self.dupefilter = dupefilter
+        self.storage = storage
+        self.writes = writes
+        self.claims = claims
+        self.outcomes = outcomes
+        # Set when this worker joined a job that had already finished (or could
+        # not open one): nothing is scheduled.
+        self.job_finished = False
+        self._heartbeat: task.LoopingCall | None = None
+        self._unhook: Callable[[], None] | None = None
+        # Set when the run ends incomplete: replaces Scrapy's "finished".
+        self._finish_reason: str | None = None
+        ctx.crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
+
+    # -- open ---------------------------------------------------------------------------------
+
+    def open(self, spider: Spider) -> Deferred[None]:
+        ctx = self.ctx
+        ctx.spider = spider
+        settings = ctx.crawler.settings
+        url = _jobs.database_url(ctx.config, settings, spider.name)
+        name = _jobs.job_name(ctx.config, settings, spider.name)
+        _feeds.repair_line_feeds(settings.getdict("FEEDS"))
+        ctx.feed_exporters = _feeds.feed_exporters(ctx.crawler)
+        d = ctx.db.deferred(
+            jobdb.open_job,
+            url,
+            name,
+            config=ctx.config,
+            scheme=self.dupefilter.scheme,
+            retry_pass=ctx.retry_pass,
+            worker=jobdb.Worker(ctx.worker_id, ctx.hostname, ctx.pid),
+            callbacks=jobdb.callback_names(spider),
+        )
+        return d.addCallbacks(self._opened, self._open_failed)
+
+    def _open_failed(self, failure: Failure) -> Failure | None:
+        self.ctx.db.shutdown()
+        if not isinstance(failure.value, FrontierError):
+            return failure
+        # Say what to do, plainly and once. (Most such errors are found before the
+        # engine exists, by the add-on's startup check; these are the ones only
+        # opening the job finds: a full disk, a job started with other keys.)
+        # Failing open() would add Scrapy's secondary tracebacks (a scraper that
+        # never opened): the crawl instead runs with nothing to schedule, ends at
+        # once, and reports the failure in its finish reason and exit status.
+        logger.error(
+            "Cannot start the frontier: %(error)s",
+            {"error": failure.value},
+            extra=self.ctx.log(),
+        )
+        self.job_finished = True
+        self._end_incomplete("frontier_unavailable")
+        return None
+
+    def _opened(self, opened: jobdb.Opened | JobFinished) -> None:
+        ctx, stats = self.ctx, self.ctx.stats
+        if isinstance(opened, JobFinished):
+            # A worker joining a finished job: no request is scheduled or fetched,
+            # and the engine closes the spider at once.
+            self.job_finished = True
+            when = (
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(opened.finished_at))
+                if opened.finished_at
+                else "earlier"
+            )
+            logger.warning(
+                "%(error)s (It finished at %(when)s.)",
+                {"error": opened, "when": when},
+                extra=ctx.log(),
+            )
+            stats.set_value("reliability/job/already_finished", True)
+            return
+        job, recovered, counts = opened.job, opened.recovered, opened.counts
+        ctx.frontier = opened.frontier
+        self.outcomes.peers.update(opened.peers)
+        ctx.job = job
+        # SQLite: writes and claims run on the reactor thread when the database
+        # thread is idle and the lock is free (see DatabaseThread).
+        ctx.inline = ctx.frontier.never_wait_on_this_thread()
+        retry_pass = ctx.retry_pass
+        if retry_pass is not None:
+            logger.info(
+                "Retry pass of job %(job)s (run %(gen)d): %(n)d dead letters back to pending "
+                "with a fresh attempt budget (classes: %(classes)s; domains: %(domains)s; "
+                "failed at least %(age).0f s ago)",
+                {
+                    "job": job.name,
+                    "gen": job.generation,
+                    "n": counts.get("reopened", 0),
+                    "classes": ", ".join(retry_pass.error_classes) or "all",
+                    "domains": ", ".join(retry_pass.domains) or "all",
+                    "age": retry_pass.min_age,
+                },
+                extra=ctx.log(),
+            )
+            stats.set_value("reliability/retry_pass/reopened", counts.get("reopened", 0))
+        elif job.resumed and opened.peers:
+            logger.info(
+                "Joining job %(job)s (run %(gen)d), running with %(n)d other live workers: "
+                "%(pending)d pending, %(done)d done",
+                {
+                    "job": job.name,
+                    "gen": job.generation,
+                    "n": len(opened.peers),
+                    "pending": counts.get("pending", 0) + counts.get("leased", 0),
+                    "done": counts.get("done", 0),
+                },
+                extra=ctx.log(),
+            )
+        elif job.resumed:
+            logger.info(
+                "Resuming job %(job)s (run %(gen)d): %(pending)d pending, %(done)d done, "
+                "%(recovered)d leases of a dead worker taken back",
+                {
+                    "job": job.name,
+                    "gen": job.generation,
+                    "pending": counts.get("pending", 0) + counts.get("leased", 0),
+                    "done": counts.get("done", 0),
+                    "recovered": recovered,
+                },
+                extra=ctx.log(),
+            )
+        else:
+            logger.info(
+                "Starting job %(job)s (run %(gen)d) on the frontier %(url)s",
+                {"job": job.name, "gen": job.generation, "url": redact(ctx.frontier.engine.url)},
+                extra=ctx.log(),
+            )
+        self._warn_of_other_versions(opened.peers)
+        stats.set_value("reliability/job/run", job.generation)
+        stats.set_value("reliability/job/resumed", job.resumed)
+        stats.inc_value("reliability/lease/recovered", recovered)
+        self._unhook = engine.hook_scrape_completion(
+            ctx.crawler, self.outcomes.scrape_started, self.outcomes.scraped
+        )
+        self._heartbeat = task.LoopingCall(self._beat)
+        self._heartbeat.start(ctx.config.heartbeat_seconds, now=False)
+
+    def _warn_of_other_versions(self, peers: dict[str, frozenset[str]]) -> None:
+        """Live workers of this job whose spiders have other callbacks: another
+        version of the spider. Requests for a callback only one version has go to
+        a worker that has it (see docs/scaling.md, "Upgrading a running job")."""
+        mine = frozenset(jobdb.callback_names(self.ctx.spider))
+        for worker, theirs in peers.items():
+            if not theirs or theirs == mine:
+                continue
+            logger.warning(
+                "Worker %(worker)s of this job runs another version of the spider: it has "
+                "callbacks %(only_theirs)s that this one lacks, and lacks %(only_mine)s; "
+                "requests for those are handed to a worker that has them",
+                {
+                    "worker": worker,
+                    "only_theirs": sorted(theirs - mine) or "none",
+                    "only_mine": sorted(mine - theirs) or "none",
+                },
+                extra=self.ctx.log(),
+            )
+
+    # -- heartbeat ----------------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        ctx = self.ctx
+        if ctx.job is None or ctx.closing:
+            return
+        assert ctx.frontier is not None
+        ctx.db.call_soon(
+            jobdb.beat,
+            self._beaten,
+            ctx.frontier,
+            ctx.worker_id,
+            ctx.job.id,
+            ctx.config.lease_seconds,
+        )
+
+    def _beaten(self, future: Future[tuple[int, int, dict[str, frozenset[str]]]]) -> None:
+        ctx = self.ctx
+        exc = future.exception()
+        if exc is not None:
+            if is_storage_failure(exc):
+                self.storage.trouble(exc)  # logged there, and stops the crawl in time
+                return
+            logger.error(
+                "Lease heartbeat failed: %(error)s",
+                {"error": self.storage.cause(exc)},
+                extra=ctx.log(),
+            )
+            return
+        self.storage.ok()
+        _renewed, expired, peers = future.result()
+        self.outcomes.peers.update(peers)
+        if ctx.frontier is not None:
+            ctx.stats.set_value("reliability/db/round_trips", ctx.frontier.round_trips)
+        if expired:
+            ctx.stats.inc_value("reliability/lease/recovered", expired)
+            logger.info(
+                "%(n)d expired leases of other workers went back to pending",
+                {"n": expired},
+                extra=ctx.log(),
+            )
+            self.claims.something_changed()
+            self.claims.wake_engine()
+
+    # -- close --------------------------------------------------------------------------------
+
+    def close(self, reason: str) -> Deferred[None]:
+        ctx = self.ctx
+        ctx.closing = True
+        if self._heartbeat is not None and self._heartbeat.running:
+            self._heartbeat.stop()
+        if self._unhook is not None:
+            self._unhook()
+        self.writes.stop()
+        if ctx.frontier is None or ctx.job is None:
+            self.claims.stop()
+            ctx.db.shutdown()
+            return succeed(None)
+        finished = reason == "finished"
+        if finished:
+            self.outcomes.ignore_dropped()
+        _feeds.flush_feeds(ctx.feed_exporters)
+        never_started = self.claims.stop()
+        # The database thread runs one call at a time, in order: the write in flight
+        # (if any) ends before the final writes start, and they are skipped if it failed.
+        d = ctx.db.deferred(
+            jobdb.close_job,
+            ctx.frontier,
+            ctx.job.id,
+            ctx.worker_id,
+            batches=self.writes.final_writes(),
+            finished=finished,
+            in_flight=self.writes.in_flight,
+            lease_seconds=ctx.config.lease_seconds,
+            cause=self.storage.cause,
+            spider=ctx.spider,
+        )
+        return d.addCallback(self._closed, reason, never_started)
+
+    def _closed(self, closing: jobdb.Closing, reason: str, never_started: int) -> None:
+        ctx, stats = self.ctx, self.ctx.stats
+        if ctx.frontier is not None:
+            stats.set_value("reliability/db/round_trips", ctx.frontier.round_trips)
+        if closing.lost:
+            stats.inc_value("reliability/lease/lost", closing.lost)
+        stats.set_value("reliability/lease/released", closing.released)
+        assert ctx.job is not None
+        job = ctx.job.name
+        if closing.failed is not None and self.storage.stopping:
+            self._end_incomplete("frontier_unavailable")  # logged when stopping
+        elif closing.failed is not None:
+            logger.error(
+                "Could not close job %(job)s cleanly (%(error)s): this worker's leases go back "
+                "to pending when they expire (RELIABILITY_LEASE_SECONDS)",
+                {"job": job, "error": closing.failed},
+                extra=ctx.log(),
+            )
+            self._end_incomplete("frontier_unavailable")
+        elif reason != "finished":
+            logger.info(
+                "Closed (%(reason)s): %(released)d leased requests released as pending "
+                "(%(ready)d never started); run the same command again to resume job %(job)s",
+                {
+                    "reason": reason,
+                    "released": closing.released,
+                    "ready": never_started,
+                    "job": job,
+                },
+                extra=ctx.log(),
+            )
+        else:
+            self._account_for_the_rest(closing, job)
+        ctx.db.shutdown()
+
+    def _account_for_the_rest(self, closing: jobdb.Closing, job: str) -> None:
+        """A finished close: the job is complete, or say what keeps it from being so."""
+        stats = self.ctx.stats
+        unanswered = {k: v for k, v in closing.left.items() if k in UNPROCESSED_CLASSES}
+        waiting = closing.left.get("pending", 0) + closing.left.get("leased", 0)
+        stats.set_value("reliability/unprocessed", sum(unanswered.values()))
+        for name, count in unanswered.items():
+            stats.set_value(f"reliability/unprocessed/{name}", count)
+        if waiting and closing.peers and not unanswered:
+            logger.info(
+                "This worker is done; %(n)d requests of job %(job)s remain with %(peers)d "
+                "other live workers",
+                {"n": waiting, "job": job, "peers": closing.peers},
+                extra=self.ctx.log(),
+            )
+        elif waiting or unanswered:
+            parts = [f"{count} {name}" for name, count in sorted(unanswered.items())]
+            if waiting:
+                parts.append(f"{waiting} pending with no live worker to take them")
+            logger.error(
+                "Job %(job)s is not complete: %(what)s. `scrapy frontier status` and "
+                "`scrapy frontier dead` name them; after a fix, `scrapy retrypass` replays "
+                "the dead letters",
+                {"job": job, "what": ", ".join(parts)},
+                extra=self.ctx.log(),
+            )
+            self._end_incomplete("incomplete")
+        else:
+            logger.info(
+                "Job %(job)s finished: no request is pending or leased",
+                {"job": job},
+                extra=self.ctx.log(),
+            )
+
+    def _end_incomplete(self, reason: str) -> None:
+        """The run did not complete: say so in its finish reason and exit status."""
+        self._finish_reason = reason
+        _exitcode.fail_after_close(self.ctx.crawler)
+
+    def _spider_closed(self, spider: Spider, reason: str) -> None:
+        # After CoreStats wrote ``finish_reason`` (it connects first).
+        if self._finish_reason is not None:
+            self.ctx.stats.set_value("finish_reason", self._finish_reason)

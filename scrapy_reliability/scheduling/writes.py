@@ -1,0 +1,420 @@
+"""The write pipeline: one batch of frontier changes gathering, one write in
+flight, backpressure, and a failed write split until the one change the
+database refuses is alone (only it pays; nothing else is dropped).
+
+Order is the protocol: a batch is written as one transaction, inserts before the
+transitions that may ack their parents, and the parts of a failed write go
+before anything newer, so a parent's ack never overtakes its children.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Protocol
+
+from scrapy import Request
+
+from scrapy_reliability import _feeds
+from scrapy_reliability._executor import the_reactor
+from scrapy_reliability.frontier import (
+    ClaimResult,
+    ClaimSpec,
+    LeaseLost,
+    NewRequest,
+    Outcome,
+    Transition,
+    WriteBatch,
+    WriteResult,
+)
+from scrapy_reliability.frontier.store import is_storage_failure, storable_text
+from scrapy_reliability.scheduling import refusals, settled
+from scrapy_reliability.scheduling.batches import MAX_BUFFERED, halves, units
+from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.leases import LeaseBook
+from scrapy_reliability.scheduling.storage import StorageHealth
+
+if TYPE_CHECKING:
+    from scrapy_reliability.dupefilter import DupeFilter
+
+logger = logging.getLogger("scrapy_reliability.scheduler")
+
+
+class Claims(Protocol):
+    """What the pipeline needs of the claim buffer: a claim rides on a write."""
+
+    #: The claim in flight: alone, or carried by the write in flight.
+    in_flight: Future[Any] | None
+    #: A claim asked for while a write was in flight: it rides on the next write.
+    wanted: bool
+
+    def spec(self) -> ClaimSpec: ...
+
+    def claim(self) -> None: ...
+
+    def take(self, result: ClaimResult) -> None: ...
+
+    def something_changed(self) -> None: ...
+
+
+class WritePipeline:
+    def __init__(
+        self,
+        ctx: Context,
+        leases: LeaseBook,
+        storage: StorageHealth,
+        dupefilter: DupeFilter,
+        wake_engine: Callable[[], None],
+    ) -> None:
+        self.ctx = ctx
+        self.leases = leases
+        self.storage = storage
+        self.dupefilter = dupefilter
+        self._wake_engine = wake_engine
+        self.claims: Claims  # attached by the Scheduler (the claim buffer needs this)
+        self.batch = WriteBatch()
+        # The requests of the batch's inserts, by key (to log duplicates, refusals).
+        self.requests: dict[str, Request] = {}
+        self.in_flight: Future[WriteResult] | None = None
+        # The handler of the write in flight, run once: by its completion callback,
+        # or earlier by backpressure waiting for it.
+        self._handlers: dict[Future[WriteResult], Callable[[Future[WriteResult]], None]] = {}
+        self._scheduled = False
+        # Parts of a failed write, written one at a time and in order before anything
+        # newer (a parent's ack never overtakes its children): the whole batch again
+        # after a storage failure, or halves of it while the row the database
+        # refuses is looked for.
+        self.split: deque[tuple[WriteBatch, dict[str, Request]]] = deque()
+        self._retry_call: Any = None
+
+    def pending(self) -> bool:
+        """Anything buffered, split or being written."""
+        return bool(self.batch or self.split or self.in_flight is not None)
+
+    def held_transitions(self) -> int:
+        """Transitions held back in the parts of a failed write."""
+        return sum(len(part.transitions) for part, _ in self.split)
+
+    # -- buffering ----------------------------------------------------------------------------
+
+    def insert(self, row: NewRequest, request: Request) -> None:
+        """Buffer a new request; wait for the write in flight if too many are."""
+        self.batch.inserts.append(row)
+        self.requests[row.fingerprint] = request
+        if len(self.batch.inserts) >= MAX_BUFFERED:
+            self._backpressure()
+        else:
+            self.schedule()
+
+    def transition(self, tr: Transition) -> None:
+        self.batch.transitions.append(tr)
+        self.schedule()
+
+    def _backpressure(self) -> None:
+        """A callback yields requests faster than they are written: wait for the
+        write in flight, then start writing this batch. Memory stays bounded by
+        two batches however many requests are queued."""
+        future = self.in_flight
+        if future is not None:
+            self.ctx.stats.inc_value("reliability/write/backpressure")
+            future.exception()  # waits
+            self._handlers.pop(future)(future)
+        self.write()
+
+    def schedule(self) -> None:
+        """Write soon (in this reactor turn's wake)."""
+        # With a write in flight, its completion writes what gathered meanwhile.
+        if not self._scheduled and not self.ctx.closing and self.in_flight is None:
+            self._scheduled = True
+            the_reactor().callLater(0, self.write)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write(self, claim: bool = False) -> None:
+        """Start the next write: the first part of a failed one, else the batch
+        (with a claim riding on it when one is wanted)."""
+        self._scheduled = False
+        ctx = self.ctx
+        if self.in_flight is not None or ctx.job is None or ctx.closing:
+            return
+        if self.storage.stopping or not (self.split or self.batch):
+            return
+        wait = self.storage.retry_at - time.time()
+        if wait > 0:
+            if self._retry_call is None or not self._retry_call.active():
+                self._retry_call = the_reactor().callLater(wait, self.schedule)
+            return
+        claims = self.claims
+        if self.split:
+            # Parts of a failed write go first, alone: no claim rides on them.
+            claims.wanted = claims.wanted or claim
+            claim = False
+            batch, requests = self.split.popleft()
+        else:
+            # A claim wanted now rides on this write (one transaction, one commit).
+            claim = (claim or claims.wanted) and claims.in_flight is None
+            claims.wanted = False
+            # Items already written to feeds reach the file before their requests' acks.
+            _feeds.flush_feeds(ctx.feed_exporters)
+            batch, self.batch = self.batch, WriteBatch()
+            batch.clear_dead_letters = ctx.retry_pass is not None
+            requests, self.requests = self.requests, {}
+
+        def handle(future: Future[WriteResult]) -> None:
+            self._written(future, batch, requests)
+
+        def on_done(future: Future[WriteResult]) -> None:
+            if self._handlers.pop(future, None) is not None:
+                handle(future)
+
+        self.in_flight = ctx.db.call_soon(
+            self._write_on_thread,
+            on_done,
+            ctx.job.id,
+            batch,
+            claims.spec() if claim else None,
+            inline=ctx.inline,
+        )
+        self._handlers[self.in_flight] = handle
+        if claim:
+            claims.in_flight = self.in_flight
+
+    def _write_on_thread(
+        self, job_id: int, batch: WriteBatch, claim: ClaimSpec | None = None
+    ) -> WriteResult:
+        assert self.ctx.frontier is not None
+        return self.ctx.frontier.write(job_id, batch, claim=claim)
+
+    def _written(
+        self, future: Future[WriteResult], batch: WriteBatch, requests: dict[str, Request]
+    ) -> None:
+        if future is not self.in_flight:
+            return  # already handled (backpressure waited for it)
+        self.in_flight = None
+        claims = self.claims
+        carried = future is claims.in_flight
+        if carried:
+            claims.in_flight = None
+        exc = future.exception()
+        if exc is not None:
+            self._failed(exc, batch, requests)
+            if carried:
+                claims.wanted = True  # again with the next write (counted once)
+            return
+        result = future.result()
+        self.storage.ok()
+        try:
+            self._account(result, batch, requests)
+        except Exception:
+            # A bug in the bookkeeping must not stop the write loop: the batch is
+            # committed; at worst leases are released at close and fetched again.
+            logger.exception("Error accounting for a frontier write", extra=self.ctx.log())
+        if carried and result.claimed is not None:
+            claims.take(result.claimed)
+        if self.split or self.batch:
+            self.write()  # what gathered while this write ran
+        elif claims.wanted:
+            claims.claim()
+        self._wake_engine()
+
+    def _account(
+        self, result: WriteResult, batch: WriteBatch, requests: dict[str, Request]
+    ) -> None:
+        """Account for a written batch: duplicates, settled and lost leases."""
+        stats = self.ctx.stats
+        stats.inc_value("reliability/write/batches")
+        assert self.ctx.spider is not None
+        for row in batch.inserts:
+            if row.fingerprint not in result.inserted:
+                stats.inc_value("reliability/duplicates/stored")
+                request = requests.get(row.fingerprint)
+                if request is not None:
+                    self.dupefilter.log(request, self.ctx.spider)
+        inserted = len(result.inserted)
+        stats.inc_value("reliability/stored", inserted)
+        transitions = {tr.task_id: tr for tr in batch.transitions}
+        watched = settled.watched(self.ctx.crawler)
+        for task_id in result.settled:
+            tr = transitions[task_id]
+            self.leases.forget(task_id, tr.token)
+            lease = self.leases.end_settling(task_id, tr.token)
+            stats.inc_value(f"reliability/{settled.STAT_OF[tr.outcome]}")
+            if watched and lease is not None:
+                settled.send(self.ctx.crawler, lease, tr, self.ctx.worker_id)
+        if result.lost:
+            stats.inc_value("reliability/lease/lost", len(result.lost))
+            for task_id in result.lost:
+                self.leases.forget(task_id, transitions[task_id].token)
+                self.leases.end_settling(task_id, transitions[task_id].token)
+            logger.warning("%(error)s", {"error": LeaseLost(result.lost)}, extra=self.ctx.log())
+        if inserted or result.settled:
+            # New rows, rows back to pending, or leases freed under a domain's cap.
+            self.claims.something_changed()
+
+    # -- a failed write -----------------------------------------------------------------------
+
+    def _failed(self, exc: BaseException, batch: WriteBatch, requests: dict[str, Request]) -> None:
+        """Keep everything, in order. A storage failure (server gone, disk full) is
+        waited out, up to RELIABILITY_STORAGE_GIVE_UP_SECONDS, then the crawl stops.
+        Anything else means the database refused a value of one row: the batch is
+        written again in halves until that row is alone, and only it is refused
+        (a request, recorded as such), buried or left unresolved (a transition)."""
+        self.ctx.stats.inc_value("reliability/write/errors")
+        if is_storage_failure(exc):
+            self.split.appendleft((batch, requests))
+            if not self.storage.trouble(exc):
+                self.schedule()
+            return
+        parts = halves(batch)
+        if len(parts) == 1:
+            if self.storage.refused_alone():
+                # Change after change refused, nothing written in between: not a bad
+                # value but a database that refuses everything (permissions, a bug).
+                self.split.appendleft((batch, requests))
+                self.storage.stop(exc, 0.0, systematic=True)
+                return
+            self._refuse_alone(batch, requests, exc)
+        else:
+            if not self.split:  # once per failed batch, not per half
+                logger.warning(
+                    "Writing %(n)d frontier changes failed: %(error)s; writing them in "
+                    "parts to find the one the database refuses (nothing is dropped)",
+                    {"n": units(batch), "error": self.storage.cause(exc)},
+                    extra=self.ctx.log(),
+                )
+            for part in reversed(parts):
+                self.split.appendleft((part, requests))
+        self.schedule()
+
+    def _refuse_alone(
+        self, batch: WriteBatch, requests: dict[str, Request], exc: BaseException
+    ) -> None:
+        """The one change of ``batch`` the database refuses: it alone pays."""
+        cause = self.storage.cause(exc)
+        stats = self.ctx.stats
+        if batch.inserts:
+            row = batch.inserts[0]
+            self.refuse(
+                requests.get(row.fingerprint),
+                key=row.fingerprint,
+                url=row.url,
+                priority=row.priority,
+                reason=f"the database refused it: {cause}",
+                stat="database",
+                first=True,
+            )
+        elif batch.refusals:
+            ref = batch.refusals[0]
+            stats.inc_value("reliability/refused/unrecorded")
+            logger.error(
+                "Could not record the refused request %(url)s either (%(error)s); it is "
+                "named here only",
+                {"url": ref.url, "error": cause},
+                extra=self.ctx.log(),
+            )
+        elif batch.transitions:
+            self._transition_refused(batch.transitions[0], cause)
+        elif batch.dead_items:
+            stats.inc_value("reliability/dead/item_unrecorded")
+            logger.error(
+                "Could not record the item dead letter of %(url)s (%(error)s); it is named "
+                "here only",
+                {"url": batch.dead_items[0].url, "error": cause},
+                extra=self.ctx.log(),
+            )
+        else:
+            logger.error(
+                "Could not record domain state (%(error)s); the domains keep their old state",
+                {"error": cause},
+                extra=self.ctx.log(),
+            )
+
+    def _transition_refused(self, tr: Transition, cause: str) -> None:
+        """A transition the database refuses: a retry or redirect whose new request
+        cannot be stored is buried as ``refused`` instead; anything else (a burial
+        whose dead letter cannot be written, an ack) stays unresolved: its lease is
+        released at close, so the next run fetches it again (fail closed)."""
+        lease = self.leases.settling(tr.task_id, tr.token)
+        url = lease.url if lease is not None else f"frontier task {tr.task_id}"
+        if tr.outcome is Outcome.RESCHEDULE:
+            logger.error(
+                "Cannot store the retry or redirect of %(url)s (%(error)s); burying it as refused",
+                {"url": url, "error": cause},
+                extra=self.ctx.log(),
+            )
+            self.ctx.stats.inc_value("reliability/refused/transition")
+            self.batch.transitions.append(
+                Transition(
+                    tr.task_id,
+                    tr.token,
+                    Outcome.DEAD,
+                    error=f"cannot store its {tr.outcome.value}: {cause}",
+                    error_class="refused",
+                    attempts_inc=tr.attempts_inc,
+                )
+            )
+            return
+        self.ctx.stats.inc_value("reliability/unresolved")
+        logger.error(
+            "Cannot record that %(url)s is %(outcome)s (%(error)s); it stays unresolved and "
+            "goes back to pending when this worker stops",
+            {"url": url, "outcome": tr.outcome.value, "error": cause},
+            extra=self.ctx.log(),
+        )
+        self.leases.forget(tr.task_id, tr.token)
+        self.leases.end_settling(tr.task_id, tr.token)
+
+    def refuse(
+        self,
+        request: Request | None,
+        *,
+        key: str,
+        url: str,
+        priority: int,
+        reason: str,
+        stat: str,
+        first: bool = False,
+    ) -> None:
+        """Keep a request that cannot be scheduled as it is on the record: a dead
+        row of class ``refused`` holding what can be stored of it (URL, method,
+        callbacks; no meta), shown by ``status``, ``dead`` and ``explain`` and
+        replayed by ``scrapy retrypass``."""
+        assert self.ctx.spider is not None
+        self.ctx.stats.inc_value(f"reliability/refused/{stat}")
+        logger.error(
+            "Refused to schedule %(url)s: %(reason)s; kept as a dead letter of class "
+            "'refused' (`scrapy retrypass` replays it once fixed)",
+            {"url": storable_text(url, 500), "reason": reason},
+            extra=self.ctx.log(),
+        )
+        refusal = refusals.refusal(
+            request, self.ctx.spider, key=key, url=url, priority=priority, reason=reason
+        )
+        if first:
+            # Found while a failed write is split: recorded before the parts after
+            # it (one of which may ack the request that yielded this one).
+            self.split.appendleft((WriteBatch(refusals=[refusal]), {}))
+        else:
+            self.batch.refusals.append(refusal)
+        self.schedule()
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        if self._retry_call is not None and self._retry_call.active():
+            self._retry_call.cancel()
+
+    def final_writes(self) -> list[WriteBatch]:
+        """What is left to write at close, in order (nothing if the database is
+        failing: what was not written is fetched again; nothing acked is lost)."""
+        batch, self.batch = self.batch, WriteBatch()
+        batch.clear_dead_letters = self.ctx.retry_pass is not None
+        self.requests = {}
+        batches = [part for part, _ in self.split] + [batch]
+        self.split.clear()
+        if self.storage.stopping:
+            return []
+        return batches

@@ -1,0 +1,91 @@
+"""The scheduler's layers stay small and acyclic (issue 13)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import scrapy_reliability
+from scrapy_reliability.scheduling.meta import TRANSIENT_META
+
+PACKAGE = Path(scrapy_reliability.__file__).parent
+
+
+def _imports(path: Path) -> set[str]:
+    """The scrapy_reliability modules ``path`` imports (TYPE_CHECKING ones included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "scrapy_reliability"
+        ):
+            assert node.module is not None
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("scrapy_reliability"))
+    return found
+
+
+def _scheduling_graph() -> dict[str, set[str]]:
+    paths = [PACKAGE / "scheduler.py", *sorted((PACKAGE / "scheduling").glob("*.py"))]
+    names = {
+        "scrapy_reliability.scheduler"
+        if p.name == "scheduler.py"
+        else f"scrapy_reliability.scheduling.{p.stem}": p
+        for p in paths
+        if p.name != "__init__.py"
+    }
+    return {name: _imports(path) & set(names) for name, path in names.items()}
+
+
+def test_the_scheduling_modules_import_no_cycle() -> None:
+    graph = _scheduling_graph()
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        assert name not in path, f"import cycle: {' -> '.join([*path, name])}"
+        if name in done:
+            return
+        for imported in graph[name]:
+            visit(imported, [*path, name])
+        done.add(name)
+
+    for name in graph:
+        visit(name, [])
+
+
+def test_the_scheduler_is_a_thin_adapter_over_small_modules() -> None:
+    source = (PACKAGE / "scheduler.py").read_text(encoding="utf-8")
+    (cls,) = [
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.ClassDef) and node.name == "Scheduler"
+    ]
+    assert cls.end_lineno is not None
+    assert cls.end_lineno - cls.lineno < 250
+    for path in [PACKAGE / "scheduler.py", *(PACKAGE / "scheduling").glob("*.py")]:
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= 500, f"{path.name}: {lines} lines"
+
+
+def test_meta_keys_live_in_one_module() -> None:
+    # scheduling.meta is imported by the middlewares: it must not pull in the scheduler.
+    assert not _imports(PACKAGE / "scheduling" / "meta.py")
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "meta.py" and path.parent.name == "scheduling":
+            continue
+        text = path.read_text(encoding="utf-8")
+        for key in (
+            *TRANSIENT_META - {"download_latency", "_slot_proxy"},
+            "reliability_max_attempts",
+        ):
+            assert f'"{key}"' not in text, f"{path.name} spells the meta key {key}"
+
+
+def test_only_the_engine_module_touches_scrapy_internals() -> None:
+    for path in [PACKAGE / "scheduler.py", *(PACKAGE / "scheduling").glob("*.py")]:
+        if path.name == "engine.py":
+            continue
+        text = path.read_text(encoding="utf-8")
+        for internal in ("._slot", '"_slot"', "enqueue_scrape", "start_itemproc", ".downloader"):
+            assert internal not in text, f"{path.name} touches {internal}"

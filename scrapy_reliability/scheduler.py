@@ -2,14 +2,16 @@
 
 Contract with the engine (see :class:`scrapy.core.scheduler.BaseScheduler`):
 
-* ``enqueue_request`` answers at once. A request is serialized to JSON (an
-  unstorable one is refused and logged, naming the key) and buffered; the
-  buffer is written by a database thread, in batches, with insert-or-ignore on
-  the dedup key. A duplicate already known to this process is refused at once;
-  one only the database knows is counted as filtered when the batch lands.
+* ``enqueue_request`` answers at once. A request is serialized to JSON and
+  buffered (one that cannot be stored is refused, logged with the reason and kept
+  on the record as a dead letter of class ``refused``); the buffer is written by a
+  database thread, in batches, with insert-or-ignore on the dedup key. A
+  duplicate already known to this process is refused at once; one only the
+  database knows is counted as filtered when the batch lands.
 * ``next_request`` hands out requests claimed (leased) from the frontier in
-  batches into a small local buffer. Only when that buffer is empty does the
-  reactor wait for a claim.
+  batches into a small local buffer. It never waits for the database: with the
+  buffer empty it returns None, starts a claim, and the claim's landing wakes
+  the engine.
 * A request is acked only when Scrapy is done with it: its callback (or
   errback) output consumed, the requests it yielded buffered before the ack in
   the same ordered write, its items through the item pipelines, and feed

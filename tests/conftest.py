@@ -25,9 +25,11 @@ marked ``postgres`` as well.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
@@ -158,3 +160,49 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "postgres_url" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
+
+
+# -- the crash-point matrix (tests/test_crash_matrix.py) ---------------------------------------
+
+_MATRIX_DIR = "crash-matrix"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # The controller (or a run without xdist) starts from an empty matrix.
+    if not hasattr(session.config, "workerinput") and session.config.cache is not None:
+        for old in session.config.cache.mkdir(_MATRIX_DIR).glob("*.json"):
+            old.unlink()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Print the crash-point matrix when its tests ran: a row per point, a column
+    per backend, and what the resumed crawl showed."""
+    if config.cache is None:
+        return
+    rows = [
+        json.loads(path.read_text())
+        for path in sorted(config.cache.mkdir(_MATRIX_DIR).glob("*.json"))
+    ]
+    if not rows:
+        return
+    from scrapy_reliability._crashpoints import POINTS
+
+    cells = {(r["point"], r["backend"]): r for r in rows}
+    write = terminalreporter.write_line
+    terminalreporter.section("crash-point matrix: SIGKILL at the point, then the same command")
+    write(f"{'point':22s} {'sqlite':34s} {'postgres':34s}")
+
+    def cell(r: dict[str, Any] | None) -> str:
+        if r is None:
+            return "-"
+        if not r["ok"]:
+            return "FAILED"
+        return f"ok  {r['fetched_before']:3d} before, {r['refetched']} again, {r['dead']} dead"
+
+    for point in POINTS:
+        write(
+            f"{point:22s} {cell(cells.get((point, 'sqlite'))):34s} "
+            f"{cell(cells.get((point, 'postgres'))):34s}"
+        )
+    ok = sum(1 for r in rows if r["ok"])
+    write(f"{ok} of {len(rows)} cells green")

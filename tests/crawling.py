@@ -46,10 +46,10 @@ class Crawl:
             cmd += ["-s", setting]
         return cmd
 
-    def start(self) -> subprocess.Popen[bytes]:
+    def start(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         self.runs += 1
         log = (self.project / f"run{self.runs}.log").open("wb")
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
         return subprocess.Popen(
             self.command(), cwd=self.project, stdout=log, stderr=subprocess.STDOUT, env=env

@@ -21,6 +21,7 @@ from sqlalchemy import Connection, Engine, bindparam, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
+from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import dialect, jobs
 from scrapy_reliability.frontier.claim import Claimer
 from scrapy_reliability.frontier.connections import Connections, open_engine
@@ -281,9 +282,14 @@ class Frontier:
     def _write(
         self, job_id: int, batch: WriteBatch, claim: ClaimSpec | None, now: float
     ) -> WriteResult:
+        acks = any(tr.outcome is Outcome.DONE for tr in batch.transitions)
         with self._transaction() as conn:
             inserted, settled, lost = self._writes.apply(conn, job_id, batch, now)
             claimed = None if claim is None else self._claims.claim(conn, job_id, claim, now)
+            if acks:
+                crash_point("before_ack_commit")
+        if acks:
+            crash_point("after_ack_commit")
         return WriteResult(frozenset(inserted), settled, lost, claimed)
 
     # -- the claim path ---------------------------------------------------------------------
@@ -326,7 +332,10 @@ class Frontier:
     def release_leases_of(self, worker_id: str, *, now: float | None = None) -> int:
         """Graceful stop: this worker's leases go back to pending, spending no attempt."""
         with self.engine.begin() as conn:
-            return jobs.release_leases_of(conn, worker_id, _now(now))
+            released = jobs.release_leases_of(conn, worker_id, _now(now))
+            if released:
+                crash_point("mid_release")
+            return released
 
     # -- dead letters -----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import Connection, Engine, delete, func, literal, select, update
 
+from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.domains import DomainRows
 from scrapy_reliability.frontier.hotsql import HotSql
@@ -206,6 +207,7 @@ class WritePath:
                 continue
             if tr.outcome is Outcome.DEAD:
                 # Fail closed: the dead letter commits with the burial or neither does.
+                crash_point("mid_burial")
                 self._write_dead_letter(conn, tr, now)
             if tr.domain and (tr.pause_until or tr.slow_down):
                 self._domains.pause(conn, job_id, tr, now)

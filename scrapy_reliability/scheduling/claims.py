@@ -19,6 +19,7 @@ from typing import Any
 from scrapy import Request
 from scrapy.utils.httpobj import urlparse_cached
 
+from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability._executor import the_reactor
 from scrapy_reliability.frontier import Claimed, ClaimResult, ClaimSpec
 from scrapy_reliability.scheduling import engine
@@ -153,6 +154,7 @@ class ClaimBuffer:
             self.something_changed()
             self.ctx.stats.inc_value("reliability/claimed", len(result.rows))
             handed = sum(self._rebuild(row) for row in result.rows)
+            crash_point("claimed")
             if handed == len(result.rows):
                 # Only rows of another spider version: leave them to the workers that
                 # have their callbacks for a while, longer while it goes on.

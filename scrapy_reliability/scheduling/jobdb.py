@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scrapy_reliability import _jobs
+from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.config import Config, RetryPass
 from scrapy_reliability.frontier import (
     Frontier,
@@ -150,6 +151,7 @@ def beat(
     read the live workers' callbacks."""
     frontier.check_storage()
     renewed = frontier.renew(worker_id, lease_seconds=lease_seconds)
+    crash_point("mid_heartbeat")
     expired = frontier.expire(job_id)
     peers = frontier.live_callbacks(job_id, me=worker_id, alive_within=lease_seconds)
     return renewed, expired, peers
@@ -191,6 +193,7 @@ def close_job(
                 )
         closing.released = frontier.release_leases_of(worker_id)
         if finished:
+            crash_point("finishing")
             frontier.finish_job_if_complete(job_id)
             closing.left = frontier.unprocessed(job_id)
             closing.peers = len(

@@ -20,6 +20,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
+from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import DeadItem, Outcome, Transition
 from scrapy_reliability.frontier.store import storable_text
 from scrapy_reliability.items import DeadLetter, export_to_dead_letter_feeds
@@ -122,6 +123,7 @@ class Outcomes:
     # -- after the download -------------------------------------------------------------------
 
     def scrape_started(self, request: Request) -> None:
+        crash_point("downloaded")
         lease = self.leases.of(request)
         if lease is not None and lease.stage is Stage.FETCHING:
             self.leases.move(lease, Stage.SCRAPING)
@@ -158,6 +160,7 @@ class Outcomes:
     def ack(self, lease: Lease) -> None:
         """Done: callback output consumed, items settled."""
         self._settle(lease, Outcome.DONE)
+        crash_point("ack_buffered")
         if self.politeness.recovering(lease.domain):
             recoveries = self.writes.batch.recoveries
             recoveries[lease.domain] = recoveries.get(lease.domain, 0) + 1
@@ -214,6 +217,7 @@ class Outcomes:
                     {"url": item.url, "error": exc},
                     extra=self.ctx.log(),
                 )
+            crash_point("dead_letter_exported")
             settle()
             return None
         d = engine.send_item(self.ctx.crawler, item)
@@ -278,6 +282,7 @@ class Outcomes:
             )
         )
         ctx.stats.inc_value(f"reliability/rescheduled/{'retry' if retried else 'redirect'}")
+        crash_point("reschedule_buffered")
         return True
 
     def record_item_failure(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from scrapy import Request
 
 from scrapy_reliability import _feeds
+from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability._executor import the_reactor
 from scrapy_reliability.frontier import (
     ClaimResult,
@@ -162,6 +163,9 @@ class WritePipeline:
             batch, self.batch = self.batch, WriteBatch()
             batch.clear_dead_letters = ctx.retry_pass is not None
             requests, self.requests = self.requests, {}
+
+        if batch.inserts:
+            crash_point("children_buffered")
 
         def handle(future: Future[WriteResult]) -> None:
             self._written(future, batch, requests)

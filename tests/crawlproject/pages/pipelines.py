@@ -7,6 +7,8 @@ from typing import Any
 
 from itemadapter import ItemAdapter
 
+from scrapy_reliability._crashpoints import crash_point
+
 
 class ItemsToFile:
     """Also raises on items of the pages in ITEM_FAIL_PAGES (a test of item dead letters)."""
@@ -37,4 +39,5 @@ class ItemsToFile:
             raise ValueError(f"refusing page {adapter.get('page')}")
         if self.fh:
             self.fh.write(json.dumps(adapter.asdict()) + "\n")
+        crash_point("mid_pipeline")
         return item

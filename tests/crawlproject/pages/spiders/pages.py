@@ -7,6 +7,8 @@ from typing import Any
 
 import scrapy
 
+from scrapy_reliability._crashpoints import crash_point
+
 #: Path and query of each poison request (see ``poison_requests``), by name.
 POISON_PATHS = {
     "long_hostname": None,
@@ -57,7 +59,9 @@ class PagesSpider(scrapy.Spider):
                 )
         elif self.poison:
             yield from self.poison_requests(response)
-        for href in response.css("a::attr(href)").getall():
+        for n, href in enumerate(response.css("a::attr(href)").getall()):
+            if n == 1:
+                crash_point("mid_callback")  # the item and one link yielded
             via = "/r" if self.via_redirect and href.startswith("/p/") else ""
             yield response.follow(via + href, callback=self.parse_page)
 

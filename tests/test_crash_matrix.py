@@ -1,0 +1,224 @@
+"""The crash-point matrix: a real ``scrapy crawl`` SIGKILLed at each named point of the
+ack protocol (``scrapy_reliability/_crashpoints.py``), on SQLite and on PostgreSQL,
+then run again with the same command; every invariant of the request lifecycle is
+checked on the result:
+
+* killed where aimed: the first run dies of SIGKILL after logging the point;
+* nothing lost: every page the site can serve has its item, and the second run
+  exits 0 with the job finished;
+* each dead letter once: exactly one dead-letter row per page the site always
+  refuses (404), each in the dead-letter feed, and no other;
+* refetch bounded by what was in flight: pages without a fault are fetched again at
+  most CONCURRENT_REQUESTS times in all;
+* nothing pending or leased at the end;
+* no early Retry-After: no request arrived while its 429's pause still ran.
+
+A step of its own in CI (``python -m pytest -m crashmatrix``); the matrix is printed
+at the end of the run (see ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, func, select
+
+from scrapy_reliability._crashpoints import ENV, POINTS
+from scrapy_reliability.frontier import schema
+from scrapy_reliability.testing.site import SiteConfig, SiteProcess, page_fault
+from tests.crawling import Crawl, item_pages, make_project, reachable_pages, read_jsonl
+
+pytestmark = [pytest.mark.crashmatrix, pytest.mark.slow]
+
+PAGES = 40
+IN_FLIGHT = 8
+SITE = SiteConfig(
+    pages=PAGES,
+    fault_rate=0.3,
+    faults=("500x3", "429", "reset", "truncate", "404"),
+    retry_after=2,
+    seed=4,
+)
+
+# Each point, the hit at which the crawl is killed (mid-crawl, past the first
+# claims), and settings of the killed run only.
+MATRIX: dict[str, tuple[int, tuple[str, ...]]] = {
+    "claimed": (10, ()),
+    "downloaded": (40, ()),
+    "mid_callback": (40, ()),
+    "children_buffered": (15, ()),
+    "mid_pipeline": (40, ()),
+    "ack_buffered": (40, ()),
+    "before_ack_commit": (10, ()),
+    "after_ack_commit": (10, ()),
+    "dead_letter_exported": (1, ()),
+    "mid_burial": (1, ()),
+    "reschedule_buffered": (3, ()),
+    "mid_heartbeat": (2, ()),
+    "mid_release": (1, ("CLOSESPIDER_PAGECOUNT=30",)),
+    "finishing": (1, ()),
+}
+assert set(MATRIX) == set(POINTS), "every crash point is in the matrix"
+
+RESULTS_DIR = "crash-matrix"
+
+
+def _faults(config: SiteConfig) -> dict[tuple[str, int], str]:
+    return {
+        (host, i): kind
+        for host in config.hosts
+        for i in range(config.pages)
+        if (kind := page_fault(config, host, i)) is not None
+    }
+
+
+def _states(url: str) -> dict[str, int]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return dict(
+                conn.execute(  # type: ignore[arg-type]
+                    select(schema.requests.c.state, func.count()).group_by(schema.requests.c.state)
+                ).all()
+            )
+    finally:
+        engine.dispose()
+
+
+def _dead_letter_urls(url: str) -> list[str]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(
+                conn.execute(
+                    select(schema.dead_letters.c.url).where(schema.dead_letters.c.kind == "request")
+                ).scalars()
+            )
+    finally:
+        engine.dispose()
+
+
+def _page_of(url: str) -> tuple[str, int]:
+    host = url.split("//", 1)[1].split(":", 1)[0]
+    return host, int(url.rsplit("/", 1)[1])
+
+
+def test_the_site_has_every_fault_the_matrix_needs() -> None:
+    kinds = set(_faults(SITE).values())
+    assert kinds == {"500x3", "429", "reset", "truncate", "404"}, kinds
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize("point", list(MATRIX))
+def test_kill_at_the_point_then_resume(
+    tmp_path: Path, point: str, backend: str, request: pytest.FixtureRequest
+) -> None:
+    hit, killed_settings = MATRIX[point]
+    site_log = tmp_path / "site.jsonl"
+    items_path = tmp_path / "items.jsonl"
+    dead_feed = tmp_path / "dead.jsonl"
+    if backend == "postgres":
+        url = str(request.getfixturevalue("postgres_url"))
+    else:
+        url = f"sqlite:///{tmp_path / 'frontier.sqlite'}"
+    feeds = {
+        str(dead_feed): {
+            "format": "jsonlines",
+            "overwrite": False,
+            "item_classes": ["scrapy_reliability.DeadLetter"],
+        }
+    }
+    settings = [
+        f"ITEMS_PATH={items_path}",
+        f"RELIABILITY_DATABASE_URL={url}",
+        "FEEDS=" + json.dumps(feeds),
+        f"CONCURRENT_REQUESTS={IN_FLIGHT}",
+        "RELIABILITY_HEARTBEAT_SECONDS=0.5",
+        "RELIABILITY_BACKOFF_BASE_SECONDS=0.1",
+        "RELIABILITY_BACKOFF_MAX_SECONDS=0.5",
+        "DOWNLOAD_TIMEOUT=5",
+    ]
+    row: dict[str, Any] = {"point": point, "backend": backend, "ok": False}
+    results = Path(str(request.config.cache.mkdir(RESULTS_DIR)))  # type: ignore[union-attr]
+    try:
+        with SiteProcess(SITE, log_path=site_log) as site:
+            project = make_project(tmp_path)
+            killed = Crawl(project, site.start_urls(), *settings, *killed_settings)
+            proc = killed.start(env={ENV: f"{point}:{hit}"})
+            code = proc.wait(timeout=240)
+            log = killed.log()
+            assert code == -signal.SIGKILL, f"the crawl was not killed ({code}):\n{log[-3000:]}"
+            assert f"crash point {point}:{hit} reached" in log, log[-3000:]
+            row["fetched_before"] = sum(1 for _ in read_jsonl(site_log))
+
+            resumed = Crawl(project, site.start_urls(), *settings)
+            resumed.runs = killed.runs
+            assert resumed.run(timeout=240) == 0, resumed.log()[-3000:]
+            row.update(_check(site, url, site_log, items_path, dead_feed, resumed.log()))
+            row["ok"] = True
+    finally:
+        (results / f"{point}-{backend}.json").write_text(json.dumps(row))
+
+
+def _check(
+    site: SiteProcess,
+    url: str,
+    site_log: Path,
+    items_path: Path,
+    dead_feed: Path,
+    log: str,
+) -> dict[str, Any]:
+    config = site.config
+    faults = _faults(config)
+    refused = {page for page, kind in faults.items() if kind == "404"}
+    assert refused, "the site refuses some pages"
+    assert "Resuming job" in log, log[-3000:]
+    assert "finished: no request is pending or leased" in log, log[-3000:]
+
+    # Nothing lost: every page reachable without passing a refused one has its item.
+    expected = reachable_pages(config, skip=refused)
+    got = item_pages(read_jsonl(items_path))
+    missing = expected - got
+    assert not missing, f"{len(missing)} pages lost, e.g. {sorted(missing)[:5]}"
+
+    # Each dead letter once: one row per refused page reached, in the feed too.
+    reached_refused = {
+        page
+        for page in refused
+        if any(e["host"] == page[0] and e["path"] == f"/p/{page[1]}" for e in read_jsonl(site_log))
+    }
+    dead_rows = [_page_of(u) for u in _dead_letter_urls(url)]
+    assert sorted(dead_rows) == sorted(reached_refused), (dead_rows, reached_refused)
+    in_feed = {_page_of(str(d["url"])) for d in read_jsonl(dead_feed)}
+    assert in_feed == reached_refused, (in_feed, reached_refused)
+
+    # Refetch bounded by what was in flight: pages without a fault.
+    fetches: dict[tuple[str, int], int] = {}
+    early = 0
+    for entry in read_jsonl(site_log):
+        early += bool(entry.get("early"))
+        if entry["page"] is None:
+            continue
+        page = (entry["host"], int(entry["page"]))
+        fetches[page] = fetches.get(page, 0) + 1
+    refetched = sum(n - 1 for page, n in fetches.items() if page not in faults)
+    assert refetched <= IN_FLIGHT, f"{refetched} fault-free pages fetched again"
+
+    # Nothing pending or leased at the end.
+    states = _states(url)
+    assert states.get("pending", 0) == 0, states
+    assert states.get("leased", 0) == 0, states
+
+    # No early Retry-After, across the kill too.
+    assert early == 0, f"{early} requests arrived before their Retry-After"
+    return {
+        "items": len(got),
+        "dead": len(dead_rows),
+        "refetched": refetched,
+        "early": early,
+        "done": states.get("done", 0),
+    }

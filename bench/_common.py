@@ -30,6 +30,9 @@ class CrawlResult:
     log_path: Path | None = None
     timed_out: bool = False
     cpu_seconds: float = 0.0
+    #: ``scrapy_reliability.__file__`` as imported by the crawl ("" when it did not
+    #: import the package; None when the child left no record, e.g. killed).
+    package_file: str | None = None
 
     @property
     def maxrss_mb(self) -> float:
@@ -71,15 +74,60 @@ def snapshot_package(root: Path) -> str:
     )
 
 
-def crawl_env(*, reliability: bool) -> dict[str, str]:
+def extract_revision(root: Path, rev: str) -> tuple[Path, str]:
+    """``git archive REV scrapy_reliability | tar -x`` into a directory of its own under
+    ``root``, for crawls that import the package as it was at ``rev`` (pass the
+    returned directory as ``package_root``). Returns the directory and a description
+    (the commit and a content hash)."""
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    dest = root / f"package@{commit[:10]}"
+    dest.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", commit, "scrapy_reliability"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    if not (dest / "scrapy_reliability" / "__init__.py").is_file():
+        raise RuntimeError(f"git archive {rev} gave no scrapy_reliability/__init__.py")
+    return dest, f"scrapy_reliability at {rev} ({commit[:10]}) {package_fingerprint(dest)}"
+
+
+def crawl_env(*, reliability: bool, package_root: Path | None = None) -> dict[str, str]:
+    """The crawl child's environment; scrapy_reliability is imported from
+    ``package_root`` (default: :data:`PACKAGE_ROOT`), first on PYTHONPATH after bench/
+    (which holds no package of that name) and so ahead of the editable install, whose
+    finder comes after the path finder."""
     env = dict(os.environ)
+    root = package_root if package_root is not None else PACKAGE_ROOT
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(BENCH), str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p
+        p for p in (str(BENCH), str(root), env.get("PYTHONPATH", "")) if p
     )
     env["SCRAPY_SETTINGS_MODULE"] = "benchproj.settings"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["BENCH_RELIABILITY"] = "1" if reliability else "0"
     return env
+
+
+#: The crawl child: ``python -m scrapy.cmdline`` (run through runpy exactly as ``-m``
+#: does), plus an exit hook that writes the ``__file__`` of the scrapy_reliability it
+#: imported (or "") to $BENCH_PACKAGE_FILE.
+_LAUNCHER = """\
+import atexit, os, runpy, sys
+
+def _record_package():
+    module = sys.modules.get("scrapy_reliability")
+    with open(os.environ["BENCH_PACKAGE_FILE"], "w", encoding="utf-8") as fh:
+        fh.write(getattr(module, "__file__", None) or "")
+
+atexit.register(_record_package)
+runpy.run_module("scrapy.cmdline", run_name="__main__", alter_sys=True)
+"""
 
 
 def run_crawl(
@@ -91,16 +139,22 @@ def run_crawl(
     settings: dict[str, str],
     timeout: float,
     tag: str,
+    package_root: Path | None = None,
 ) -> CrawlResult:
-    """Run ``scrapy crawl SPIDER`` in ``workdir``; reap it with wait4 for its ru_maxrss."""
+    """Run ``scrapy crawl SPIDER`` in ``workdir``; reap it with wait4 for its ru_maxrss.
+    scrapy_reliability is imported from ``package_root`` (default: the snapshot, or the
+    repository); the result's ``package_file`` says which file the crawl imported."""
     workdir.mkdir(parents=True, exist_ok=True)
     stats_path = workdir / f"{tag}.stats.json"
     log_path = workdir / f"{tag}.log"
-    cmd = [sys.executable, "-m", "scrapy.cmdline", "crawl", spider]
+    package_path = workdir / f"{tag}.package.txt"
+    cmd = [sys.executable, "-c", _LAUNCHER, "crawl", spider]
     for key, value in spider_args.items():
         cmd += ["-a", f"{key}={value}"]
     for key, value in {**settings, "BENCH_STATS_PATH": str(stats_path)}.items():
         cmd += ["-s", f"{key}={value}"]
+    env = crawl_env(reliability=reliability, package_root=package_root)
+    env["BENCH_PACKAGE_FILE"] = str(package_path)
     start = time.monotonic()
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
@@ -109,7 +163,7 @@ def run_crawl(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=crawl_env(reliability=reliability),
+            env=env,
         )
     timed_out = False
     try:
@@ -142,6 +196,7 @@ def run_crawl(
         log_path,
         timed_out,
         rusage.ru_utime + rusage.ru_stime,
+        package_path.read_text(encoding="utf-8") if package_path.exists() else None,
     )
 
 

@@ -8,6 +8,11 @@ Variants (``--variants``, comma-separated, default all):
 * ``reliability-sqlite``   ADDONS = {"scrapy_reliability.Addon": 0}, JOBDIR (SQLite frontier)
 * ``reliability-postgres`` the add-on with RELIABILITY_DATABASE_URL = a fresh PostgreSQL
                            database (created before, dropped after each run)
+* ``reliability-sqlite@REV`` with ``--baseline-rev REV``: the reliability-sqlite crawl
+                           importing scrapy_reliability as it was at git revision REV
+                           (``git archive``), for a before/after ratio measured in the same
+                           run; every crawl records the package file it imported, and the
+                           run stops if it is not the expected copy
 
 Every run crawls 3 hosts x ``--pages`` pages (no faults, latency 0); the spider yields one
 item per page and follows every link; no item pipeline. scrapy-reliability's per-domain
@@ -24,13 +29,15 @@ Exit status 1 if any crawl fails (exit status, finish_reason, ERROR log lines) o
 pages (item_scraped_count != 3 x pages).
 
     python bench/crawl_throughput.py [--pages 2000] [--repeat 3] [--variants ...] [--project-limits]
-        [--set NAME=VALUE ...] [--json results.json] [--pg-admin-url postgresql://postgres@127.0.0.1:5432/postgres]
+        [--baseline-rev REV] [--set NAME=VALUE ...] [--json results.json]
+        [--pg-admin-url postgresql://postgres@127.0.0.1:5432/postgres]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -41,9 +48,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _common
 from _common import (
     PG_ADMIN_URL,
     PostgresDatabase,
+    extract_revision,
     machine_line,
     median,
     run_crawl,
@@ -53,6 +62,29 @@ from _common import (
 
 VARIANTS = ("stock-memory", "stock-jobdir", "reliability-sqlite", "reliability-postgres")
 BASELINE = "stock-memory"
+#: The variant that --baseline-rev REV measures at REV ("reliability-sqlite@REV").
+CURRENT = "reliability-sqlite"
+
+
+def package_root_of(variant: str, args: argparse.Namespace) -> Path:
+    """Where the crawl of ``variant`` imports scrapy_reliability from."""
+    if "@" in variant:
+        root: Path = args.rev_root
+        return root
+    return _common.PACKAGE_ROOT
+
+
+def paired_ratios(
+    runs: list[dict[str, Any]], num: str, den: str, key: str, repeat: int
+) -> list[float]:
+    """``num / den`` of ``key`` per round (both crawls of the round ok)."""
+    out = []
+    for r in range(repeat):
+        a = [x for x in runs if x["variant"] == den and x["round"] == r and x["ok"]]
+        b = [x for x in runs if x["variant"] == num and x["round"] == r and x["ok"]]
+        if a and b and a[0][key]:
+            out.append(b[0][key] / a[0][key])
+    return out
 
 
 def per_page(cpu_seconds: float | None, responses: int) -> float:
@@ -71,7 +103,9 @@ def run_variant(
     workdir = root / tag
     settings = {"CONCURRENT_ITEMS": str(args.concurrent_items), "LOG_LEVEL": "INFO"}
     reliability = variant.startswith("reliability")
-    if variant in ("stock-jobdir", "reliability-sqlite"):
+    kind = variant.partition("@")[0]
+    package_root = package_root_of(variant, args)
+    if kind in ("stock-jobdir", "reliability-sqlite"):
         settings["JOBDIR"] = str(workdir / "jobdir")
     if reliability:
         settings.update(dict(kv.split("=", 1) for kv in args.set))
@@ -89,6 +123,7 @@ def run_variant(
             settings=settings,
             timeout=args.timeout,
             tag=tag,
+            package_root=package_root,
         )
     finally:
         if db is not None:
@@ -109,6 +144,15 @@ def run_variant(
         problems.append(f"{st['log_count/ERROR']} ERROR log lines")
     if items != expected:
         problems.append(f"items {items} != pages {expected}")
+    expected_file = package_root / "scrapy_reliability" / "__init__.py"
+    if reliability and res.package_file is None:
+        problems.append("no record of the scrapy_reliability it imported")
+    elif reliability and Path(res.package_file or "") != expected_file:
+        # Not a failed crawl but a meaningless comparison: stop the whole run.
+        raise SystemExit(
+            f"crawl_throughput: {tag} imported scrapy_reliability from "
+            f"{res.package_file!r}, expected {expected_file}; log: {res.log_path}"
+        )
     return {
         "variant": variant,
         "round": round_no,
@@ -123,6 +167,7 @@ def run_variant(
         "main_cpu_ms_per_page": per_page(st.get("bench/thread_cpu_s/main"), responses),
         "db_cpu_ms_per_page": per_page(st.get("bench/thread_cpu_s/reliability-db"), responses),
         "peak_rss_mb": res.maxrss_mb,
+        "package_file": res.package_file,
         "ok": not problems,
         "problems": problems,
         "log": str(res.log_path),
@@ -148,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         help="an extra Scrapy setting for the reliability variants (repeatable)",
     )
     parser.add_argument(
+        "--baseline-rev",
+        metavar="REV",
+        help=f"also run {CURRENT}@REV: the {CURRENT} crawl importing scrapy_reliability "
+        f"as it was at git revision REV; prints {CURRENT} / {CURRENT}@REV",
+    )
+    parser.add_argument(
         "--project-limits",
         action="store_true",
         help="the project sets DOWNLOAD_DELAY = 0 and CONCURRENT_REQUESTS_PER_DOMAIN = 8 "
@@ -161,17 +212,34 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    previous = ""
+    if args.baseline_rev:
+        if CURRENT not in variants:
+            parser.error(f"--baseline-rev compares with {CURRENT}: add it to --variants")
+        previous = f"{CURRENT}@{args.baseline_rev}"
+        variants.insert(variants.index(CURRENT) + 1, previous)
 
     root = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
     code = snapshot_package(root)
+    rev_code = ""
+    if args.baseline_rev:
+        try:
+            args.rev_root, rev_code = extract_revision(root, args.baseline_rev)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        rev_code = f"; {previous}: {rev_code}"
     from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 
     runs: list[dict[str, Any]] = []
     print(
-        f"# crawl_throughput: {machine_line()}; {code}; 3 hosts x {args.pages} pages; "
-        f"CONCURRENT_ITEMS={args.concurrent_items}; "
+        f"# crawl_throughput: {machine_line()}; {code}{rev_code}; "
+        f"3 hosts x {args.pages} pages; CONCURRENT_ITEMS={args.concurrent_items}; "
         f"repeat {args.repeat}; work dir {root}"
     )
+    for v in variants:
+        if v.startswith("reliability"):
+            print(f"# {v} imports {package_root_of(v, args) / 'scrapy_reliability'}")
     t0 = time.monotonic()
     try:
         with SiteProcess(SiteConfig(pages=args.pages)) as site:
@@ -185,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append(run)
                     flag = "ok" if run["ok"] else "FAILED: " + "; ".join(run["problems"])
                     print(
-                        f"  round {r} {variant:22s} {run['pages_per_s']:7.1f} pages/s  "
+                        f"  round {r} {variant:30s} {run['pages_per_s']:7.1f} pages/s  "
                         f"{run['elapsed_s']:6.1f} s  cpu {run['cpu_ms_per_page']:5.2f} ms/page "
                         f"(db thread {run['db_cpu_ms_per_page']:4.2f})  "
                         f"peak RSS {run['peak_rss_mb']:6.1f} MB  {flag}",
@@ -211,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     base = summary.get(BASELINE, {}).get("median_pages_per_s", float("nan"))
     print()
     print(
-        f"{'variant':22s} {'pages/s':>9s} {'ratio':>6s} {'cpu ms/page':>12s} "
+        f"{'variant':30s} {'pages/s':>9s} {'ratio':>6s} {'cpu ms/page':>12s} "
         f"{'(main':>6s} {'db)':>5s} {'peak RSS MB':>12s} {'ok runs':>8s}"
     )
     for v in variants:
@@ -219,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = s["median_pages_per_s"] / base if base else float("nan")
         s["ratio_to_baseline"] = ratio
         print(
-            f"{v:22s} {s['median_pages_per_s']:9.1f} {ratio:6.2f} "
+            f"{v:30s} {s['median_pages_per_s']:9.1f} {ratio:6.2f} "
             f"{s['median_cpu_ms_per_page']:12.2f} {s['median_main_cpu_ms_per_page']:6.2f} "
             f"{s['median_db_cpu_ms_per_page']:5.2f} {s['median_peak_rss_mb']:12.1f} "
             f"{s['runs_ok']:8d}"
@@ -229,17 +297,34 @@ def main(argv: list[str] | None = None) -> int:
         for v in variants:
             if v == BASELINE:
                 continue
-            paired = []
-            for r in range(args.repeat):
-                a = [x for x in runs if x["variant"] == BASELINE and x["round"] == r and x["ok"]]
-                b = [x for x in runs if x["variant"] == v and x["round"] == r and x["ok"]]
-                if a and b and a[0]["pages_per_s"]:
-                    paired.append(b[0]["pages_per_s"] / a[0]["pages_per_s"])
+            paired = paired_ratios(runs, v, BASELINE, "pages_per_s", args.repeat)
             summary[v]["paired_ratios"] = paired  # type: ignore[assignment]
             print(
                 f"ratio {v} / {BASELINE} = {summary[v]['ratio_to_baseline']:.2f}"
                 f"  (per round: {' '.join(f'{p:.2f}' for p in paired)})"
             )
+    if previous:
+        # Before/after: pages/s above 1 is faster now; CPU ms/page below 1 is cheaper now.
+        print()
+        before_after: dict[str, Any] = {}
+        for key, label, better in (
+            ("pages_per_s", "pages/s", "> 1: faster now"),
+            ("cpu_ms_per_page", "cpu ms/page", "< 1: less CPU now"),
+        ):
+            new, old = summary[CURRENT][f"median_{key}"], summary[previous][f"median_{key}"]
+            ratio = new / old if old else math.nan
+            paired = paired_ratios(runs, CURRENT, previous, key, args.repeat)
+            before_after[key] = {
+                "ratio_of_medians": ratio,
+                "paired_ratios": paired,
+                "median_paired_ratio": median(paired),
+            }
+            print(
+                f"ratio {CURRENT} / {previous} {label} = {ratio:.3f} ({better})"
+                f"  (per round: {' '.join(f'{p:.3f}' for p in paired)};"
+                f" median {median(paired):.3f})"
+            )
+        summary[previous]["before_after"] = before_after  # type: ignore[assignment]
     print(f"# total {time.monotonic() - t0:.0f} s")
     if args.json:
         args.json.write_text(
@@ -249,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                     "pages_per_host": args.pages,
                     "repeat": args.repeat,
                     "code": code,
+                    "baseline_rev": args.baseline_rev,
+                    "baseline_code": rev_code.partition(": ")[2],
                     "concurrent_items": args.concurrent_items,
                     "summary": summary,
                     "runs": runs,

@@ -32,13 +32,14 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet.defer import Deferred
 
+from scrapy_reliability._executor import DatabaseThread
 from scrapy_reliability.config import Config
 from scrapy_reliability.dupefilter import DupeFilter
 from scrapy_reliability.frontier import Frontier, Job, NewRequest
 from scrapy_reliability.retry import RetryPolicy
 from scrapy_reliability.scheduling import engine
 from scrapy_reliability.scheduling.claims import ClaimBuffer
-from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.context import Clock, Context
 from scrapy_reliability.scheduling.leases import LeaseBook, Stage
 from scrapy_reliability.scheduling.meta import TASK_META
 from scrapy_reliability.scheduling.outcomes import Outcomes
@@ -70,6 +71,9 @@ class Scheduler(BaseScheduler):
         config: Config,
         dupefilter: DupeFilter,
         stats: StatsCollector,
+        *,
+        clock: Clock | None = None,
+        db: DatabaseThread | None = None,
     ):
         self.crawler = crawler
         self.config = config
@@ -81,7 +85,9 @@ class Scheduler(BaseScheduler):
         # Claim no more than this worker can start: rows leased into one worker's
         # buffer wait there while other workers may have nothing to do.
         self.claim_batch = max(1, min(config.claim_batch, self.max_in_flight))
-        self._ctx = ctx = Context(crawler, config, stats)
+        # A test may drive the core with a deterministic clock and a synchronous
+        # database (tests/protocol.py); Scrapy never passes them.
+        self._ctx = ctx = Context(crawler, config, stats, clock=clock, db=db)
         self._leases = LeaseBook()
         self._politeness = LocalPoliteness(crawler.settings, stats)
         if self._politeness.obey_robots:

@@ -216,7 +216,9 @@ def test_two_spider_versions_on_one_job_lose_nothing(tmp_path: Path, postgres_ur
     fetched. Then a worker of the second version alone: the first version's requests
     it cannot run become dead letters of class 'incompatible', the run says it is
     incomplete, and a retry pass of the first version recovers them."""
-    config = SiteConfig(pages=60, latency_ms=40)
+    # Slow enough that the first worker is still busy when the second has started,
+    # even on a loaded machine (at least 14 s alone at 2 requests at once).
+    config = SiteConfig(pages=60, latency_ms=150)
     db = f"RELIABILITY_DATABASE_URL={postgres_url}"
     v1, v2 = make_project(tmp_path / "v1"), _second_version(tmp_path)
     items1, items2 = tmp_path / "items1.jsonl", tmp_path / "items2.jsonl"

@@ -97,11 +97,7 @@ class Connections:
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            raise StorageLost(
-                f"The SQLite frontier {path} was deleted while the crawl ran; stopping "
-                "rather than starting the job again in a new empty file. Restore the file "
-                "(or start a new job) and run the same command again."
-            ) from None
+            raise StorageLost.deleted(path) from None
         except OSError as exc:
             raise StorageLost(f"The SQLite frontier {path} cannot be read: {exc}.") from None
         if (st.st_dev, st.st_ino) != (dev, ino):

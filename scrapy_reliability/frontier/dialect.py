@@ -214,11 +214,7 @@ def _configure_sqlite(engine: Engine) -> None:
         if path is None:
             return
         if opened and not os.path.exists(path):
-            raise StorageLost(
-                f"The SQLite frontier {path} was deleted while the crawl ran; stopping "
-                "rather than starting the job again in a new empty file. Restore the file "
-                "(or start a new job) and run the same command again."
-            )
+            raise StorageLost.deleted(path)
         opened.append(True)
 
     @event.listens_for(engine, "connect")

@@ -59,6 +59,14 @@ class StorageLost(FrontierUnavailable):
     """The frontier's storage went away mid-job (its SQLite file deleted or
     replaced); the crawl stops rather than starting over in a new file."""
 
+    @classmethod
+    def deleted(cls, path: str) -> StorageLost:
+        return cls(
+            f"The SQLite frontier {path} was deleted while the crawl ran; stopping "
+            "rather than starting the job again in a new empty file. Restore the file "
+            "(or start a new job) and run the same command again."
+        )
+
 
 class FrontierLocked(FrontierError):
     """Another process holds the SQLite frontier."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -20,7 +19,6 @@ from scrapy import Request
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_reliability._crashpoints import crash_point
-from scrapy_reliability._executor import the_reactor
 from scrapy_reliability.frontier import Claimed, ClaimResult, ClaimSpec
 from scrapy_reliability.scheduling import engine
 from scrapy_reliability.scheduling.batches import WRITE_RETRY_SECONDS
@@ -92,7 +90,7 @@ class ClaimBuffer:
         ctx = self.ctx
         if ctx.job is None or ctx.closing or self.in_flight is not None:
             return
-        if time.time() < max(self.idle_until, self._foreign_until):
+        if self.ctx.clock.seconds() < max(self.idle_until, self._foreign_until):
             return
         if self.writes.in_flight is not None:
             # Rides on the next write, sent when this one lands: one transaction.
@@ -137,7 +135,7 @@ class ClaimBuffer:
             {"error": exc, "s": WRITE_RETRY_SECONDS},
             extra=self.ctx.log(),
         )
-        self.idle_until = time.time() + WRITE_RETRY_SECONDS
+        self.idle_until = self.ctx.clock.seconds() + WRITE_RETRY_SECONDS
         self.maybe_pending = True
         self.wake_at(self.idle_until)
 
@@ -159,12 +157,12 @@ class ClaimBuffer:
                 # Only rows of another spider version: leave them to the workers that
                 # have their callbacks for a while, longer while it goes on.
                 self._foreign_backoff = min(max(0.25, 2 * self._foreign_backoff), 5.0)
-                self._foreign_until = time.time() + self._foreign_backoff
+                self._foreign_until = self.ctx.clock.seconds() + self._foreign_backoff
                 self.wake_at(self._foreign_until)
             else:
                 self._foreign_backoff = 0.0
             return
-        now = time.time()
+        now = self.ctx.clock.seconds()
         if result.next_due is not None:
             self.maybe_pending = True
             self.idle_until = max(result.next_due, now + 0.05)
@@ -185,7 +183,9 @@ class ClaimBuffer:
         """Rebuild a claimed row into a request in the ready buffer; True when it was
         handed back for a worker whose spider has its callback."""
         assert self.ctx.spider is not None
-        lease = Lease(row.id, row.token, row.fingerprint, Stage.READY, claimed_at=time.time())
+        lease = Lease(
+            row.id, row.token, row.fingerprint, Stage.READY, claimed_at=self.ctx.clock.seconds()
+        )
         self.leases.add(lease)
         try:
             request = payload_to_request(row.payload, self.ctx.spider)
@@ -221,19 +221,18 @@ class ClaimBuffer:
         self.wake_at(when)
 
     def wake_at(self, when: float) -> None:
-        delay = max(0.0, when - time.time())
+        delay = max(0.0, when - self.ctx.clock.seconds())
         if self._wake_call is not None and self._wake_call.active():
-            if self._wake_call.getTime() <= the_reactor().seconds() + delay:
+            if self._wake_call.getTime() <= self.ctx.clock.seconds() + delay:
                 return
             self._wake_call.cancel()
-        self._wake_call = the_reactor().callLater(delay, self._due)
+        self._wake_call = self.ctx.clock.callLater(delay, self._due)
 
     def _due(self) -> None:
-        # The reactor's clock is not time.time(): a call may fire a hair before
-        # idle_until, and a claim skipped then would wait for the engine's 5 s
-        # heartbeat.
+        # A timer may fire a hair before idle_until, and a claim skipped then
+        # would wait for the engine's 5 s heartbeat.
         self.idle_until = 0.0
-        if self._foreign_until <= time.time() + 0.01:
+        if self._foreign_until <= self.ctx.clock.seconds() + 0.01:
             self._foreign_until = 0.0
         self.wake_engine()
 

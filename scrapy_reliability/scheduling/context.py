@@ -3,28 +3,51 @@ thread, and whether the worker is closing. Set by the session; read by the other
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy_reliability import _jobs
-from scrapy_reliability._executor import DatabaseThread
+from scrapy_reliability._executor import DatabaseThread, the_reactor
 
 if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
+    from twisted.internet.interfaces import IDelayedCall
 
     from scrapy_reliability.config import Config
     from scrapy_reliability.frontier import Frontier, Job
 
 
+class Clock(Protocol):
+    """The reactor's timers (``twisted.internet.interfaces.Clock``), or a
+    test's ``twisted.internet.task.Clock``."""
+
+    def seconds(self) -> float: ...
+
+    def callLater(self, delay: float, callable: Any, *args: Any, **kw: Any) -> IDelayedCall: ...
+
+
 class Context:
-    def __init__(self, crawler: Crawler, config: Config, stats: StatsCollector) -> None:
+    """``clock`` and ``db``: the reactor's timers and the database thread, unless a
+    test drives the core with a deterministic clock and a synchronous database
+    (``tests/protocol.py``)."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        config: Config,
+        stats: StatsCollector,
+        *,
+        clock: Clock | None = None,
+        db: DatabaseThread | None = None,
+    ) -> None:
         self.crawler = crawler
         self.config = config
         self.stats = stats
         self.retry_pass = config.retry_pass
         self.worker_id, self.hostname, self.pid = _jobs.worker_identity()
-        self.db = DatabaseThread()
+        self.clock: Clock = clock if clock is not None else the_reactor()
+        self.db = db if db is not None else DatabaseThread()
         # Set when the job is open.
         self.spider: Spider | None = None
         self.frontier: Frontier | None = None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Any
@@ -57,7 +56,7 @@ class Peers:
 
     def update(self, callbacks: dict[str, frozenset[str]]) -> None:
         self.callbacks = callbacks
-        self.read_at = time.time()
+        self.read_at = self.ctx.clock.seconds()
 
     def refresh(self) -> None:
         ctx = self.ctx
@@ -191,7 +190,7 @@ class Outcomes:
         if not config.dead_letter_items and not config.dead_letter_feeds:
             settle()
             return None
-        now = time.time()
+        now = self.ctx.clock.seconds()
         item = DeadLetter(
             url=lease.url,
             error_class=error_class,
@@ -330,7 +329,7 @@ class Outcomes:
         name = exc.name
         takers = [w for w, names in self.peers.callbacks.items() if name in names]
         handed = self._handed_back.get(lease.task_id, 0)
-        stale = time.time() - self.peers.read_at > 1.0
+        stale = self.ctx.clock.seconds() - self.peers.read_at > 1.0
         if not takers and stale:
             # A worker of the other version may have started since the last heartbeat:
             # look again before burying (the row is handed back meanwhile).
@@ -354,7 +353,7 @@ class Outcomes:
                     Outcome.RELEASE,
                     # Due soon for the others; later each time this worker gets it
                     # back (and it claims less often while it gets only such rows).
-                    not_before=time.time() + min(0.05 * 2**handed, 5.0),
+                    not_before=self.ctx.clock.seconds() + min(0.05 * 2**handed, 5.0),
                 )
             )
             return True

@@ -184,6 +184,7 @@ class Session:
             ctx.crawler, self.outcomes.scrape_started, self.outcomes.scraped
         )
         self._heartbeat = task.LoopingCall(self._beat)
+        self._heartbeat.clock = ctx.clock  # type: ignore[assignment]
         self._heartbeat.start(ctx.config.heartbeat_seconds, now=False)
 
     def _warn_of_other_versions(self, peers: dict[str, frozenset[str]]) -> None:

@@ -4,7 +4,6 @@ storage failures is waited out (with growing delays), then the crawl stops."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from scrapy_reliability import _exitcode
@@ -52,7 +51,7 @@ class StorageHealth:
         file). Returns True when the crawl is stopping. Anything else: False."""
         if not is_storage_failure(exc):
             return False
-        now = time.time()
+        now = self.ctx.clock.seconds()
         if self._failing_since is None:
             self._failing_since = now
         self._failures += 1

@@ -10,7 +10,6 @@ before anything newer, so a parent's ack never overtakes its children.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -20,7 +19,6 @@ from scrapy import Request
 
 from scrapy_reliability import _feeds
 from scrapy_reliability._crashpoints import crash_point
-from scrapy_reliability._executor import the_reactor
 from scrapy_reliability.frontier import (
     ClaimResult,
     ClaimSpec,
@@ -130,7 +128,7 @@ class WritePipeline:
         # With a write in flight, its completion writes what gathered meanwhile.
         if not self._scheduled and not self.ctx.closing and self.in_flight is None:
             self._scheduled = True
-            the_reactor().callLater(0, self.write)
+            self.ctx.clock.callLater(0, self.write)
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -143,10 +141,10 @@ class WritePipeline:
             return
         if self.storage.stopping or not (self.split or self.batch):
             return
-        wait = self.storage.retry_at - time.time()
+        wait = self.storage.retry_at - self.ctx.clock.seconds()
         if wait > 0:
             if self._retry_call is None or not self._retry_call.active():
-                self._retry_call = the_reactor().callLater(wait, self.schedule)
+                self._retry_call = self.ctx.clock.callLater(wait, self.schedule)
             return
         claims = self.claims
         if self.split:

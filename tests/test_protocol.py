@@ -1,0 +1,267 @@
+"""The ack protocol, tested in-process in milliseconds (``tests/protocol.py``): a real
+Scheduler over a real SQLite frontier, a deterministic clock, a synchronous
+database, stand-ins for the scraper's completion, and faults injected into chosen
+writes. Each test names the question it answers."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from scrapy_reliability.frontier import Frontier, Outcome, schema
+from tests.protocol import Commit, Core, Fault, refused_value, storage_failure
+
+SITE = "http://127.0.0.2:8000"
+
+
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A frontier file at the schema's head, migrated once and copied per test."""
+    path = tmp_path_factory.mktemp("protocol") / "frontier.sqlite"
+    Frontier.connect(f"sqlite:///{path}").close()
+    return path
+
+
+@pytest.fixture
+def core(tmp_path: Path, migrated: Path) -> Core:
+    shutil.copy(migrated, tmp_path / "frontier.sqlite")
+    return Core(tmp_path)
+
+
+def _fetch(core: Core, url: str, *, download: bool = True) -> Any:
+    """Enqueue ``url``, write it, claim it and (unless told) download it; returns
+    the request."""
+    assert core.enqueue(url)
+    core.run()
+    request = core.next_request()
+    assert request.url == url
+    if download:
+        core.download(request)
+    return request
+
+
+def _inserts(*urls: str) -> object:
+    return lambda batch: any(row.url in urls for row in batch.inserts)
+
+
+def _settles(task_id: int, outcome: Outcome) -> object:
+    return lambda commit: (task_id, outcome) in commit.settled
+
+
+# -- ack ordering ------------------------------------------------------------------------------
+
+
+def test_no_ack_before_the_scraper_is_done_and_none_before_the_children(core: Core) -> None:
+    parent = _fetch(core, f"{SITE}/p/0")
+    children = [f"{SITE}/p/1", f"{SITE}/p/2"]
+    for url in children:
+        assert core.enqueue(url)
+    core.run(0.2)
+    # The children are written while the callback runs; the parent is not acked.
+    assert core.rows()[parent.url]["state"] == "leased"
+    assert {u for u in children if u in core.rows()} == set(children)
+
+    core.scraped(parent)
+    core.run()
+    task = parent.meta["reliability_task_id"]
+    assert core.rows()[parent.url]["state"] == "done"
+    acked = core.commit_index(_settles(task, Outcome.DONE))
+    for url in children:
+        assert core.commit_index(lambda c, url=url: url in c.inserted) <= acked
+    assert core.stats.get_value("reliability/acked") == 1
+
+
+def test_children_and_the_ack_of_their_parent_share_one_ordered_write(core: Core) -> None:
+    parent = _fetch(core, f"{SITE}/p/0")
+    # The callback yields its children and ends in the same reactor turn.
+    core.enqueue(f"{SITE}/p/1")
+    core.enqueue(f"{SITE}/p/2")
+    core.scraped(parent)
+    core.run()
+    commit = core.frontier.commits[-1]
+    assert commit.inserted == [f"{SITE}/p/1", f"{SITE}/p/2"]
+    assert commit.settled == [(parent.meta["reliability_task_id"], Outcome.DONE)]
+
+
+# -- fencing -----------------------------------------------------------------------------------
+
+
+def test_an_ack_with_a_stale_token_changes_nothing(core: Core) -> None:
+    request = _fetch(core, f"{SITE}/p/0")
+    core.steal_lease(request)
+    core.scraped(request)
+    core.run()
+    row = core.rows()[request.url]
+    assert row["state"] == "leased"  # still the other worker's
+    assert core.stats.get_value("reliability/lease/lost") == 1
+    assert not core.stats.get_value("reliability/acked")
+
+
+def test_a_retry_with_a_stale_token_does_not_reschedule_the_row(core: Core) -> None:
+    # The retry middleware answers before the response reaches the scraper.
+    request = _fetch(core, f"{SITE}/p/0", download=False)
+    core.steal_lease(request)
+    assert core.scheduler.enqueue_request(core.retry(request))
+    core.run()
+    (row,) = core.rows().values()
+    assert (row["state"], row["attempts"]) == ("leased", 0)
+    assert core.stats.get_value("reliability/lease/lost") == 1
+
+
+# -- retries -----------------------------------------------------------------------------------
+
+
+def test_a_retry_goes_back_to_its_row_and_is_not_claimed_before_it_is_due(core: Core) -> None:
+    request = _fetch(core, f"{SITE}/p/0", download=False)
+    due = core.clock.seconds() + 30
+    assert core.scheduler.enqueue_request(core.retry(request, not_before=due))
+    core.run()
+    (row,) = core.rows().values()
+    assert (row["state"], row["attempts"]) == ("pending", 1)
+    core.run(29.0)
+    assert core.scheduler.next_request() is None
+    core.run(1.5)
+    again = core.next_request()
+    assert (again.url, again.meta["reliability_task_id"]) == (request.url, row["id"])
+    assert again.meta["reliability_attempts"] == 1
+
+
+# -- the failed-write split --------------------------------------------------------------------
+
+
+def test_a_refused_value_costs_its_own_row_only(core: Core) -> None:
+    parent = _fetch(core, f"{SITE}/p/0")
+    bad = f"{SITE}/p/666"
+    children = [f"{SITE}/p/1", bad, f"{SITE}/p/2", f"{SITE}/p/3"]
+    core.frontier.faults.append(Fault(_inserts(bad), refused_value(), times=100))
+    for url in children:
+        core.enqueue(url)
+    core.scraped(parent)
+    core.run(0.5)
+    rows = core.rows()
+    assert rows[bad]["state"] == "dead"
+    assert rows[bad]["error_class"] == "refused"
+    for url in set(children) - {bad}:
+        assert rows[url]["state"] == "pending", url
+    assert rows[parent.url]["state"] == "done"
+    # The refusal is recorded before the ack of the page that yielded it.
+    task = parent.meta["reliability_task_id"]
+    assert core.commit_index(lambda c: bad in c.refused) < core.commit_index(
+        _settles(task, Outcome.DONE)
+    )
+    assert core.stats.get_value("reliability/refused/database") == 1
+
+
+def test_a_storage_failure_is_waited_out_and_nothing_is_dropped(core: Core) -> None:
+    parent = _fetch(core, f"{SITE}/p/0")
+    core.frontier.faults.append(Fault(lambda batch: True, storage_failure(), times=3))
+    core.enqueue(f"{SITE}/p/1")
+    core.scraped(parent)
+    core.run(10.0)  # retried after 1, 2 and 4 s
+    rows = core.rows()
+    assert rows[f"{SITE}/p/1"]["state"] == "pending"
+    assert rows[parent.url]["state"] == "done"
+    assert core.stats.get_value("reliability/write/errors") == 3
+    assert core.frontier.faults[0].times == 0
+
+
+# -- claim riding on a write -------------------------------------------------------------------
+
+
+def test_a_claim_asked_for_during_a_write_rides_on_the_next_write(core: Core) -> None:
+    core.enqueue(f"{SITE}/p/0")
+    core.run()
+    alone_before = core.frontier.claims_alone
+    # A write is in flight (its completion not yet run) when the engine asks.
+    core.enqueue(f"{SITE}/p/1")
+    core.db.hold()
+    core.run()  # the write ran; the core has not learnt it yet
+    assert core.scheduler._writes.in_flight is not None
+    assert core.scheduler.next_request() is None  # nothing buffered: a claim is wanted
+    core.enqueue(f"{SITE}/p/2")  # something to write, which the claim rides on
+    core.db.release()
+    core.run()
+    assert core.frontier.claims_alone == alone_before
+    assert core.frontier.commits[-1].claimed
+    assert core.frontier.commits[-1].inserted == [f"{SITE}/p/2"]
+    got = {core.scheduler.next_request().url for _ in range(3)}
+    assert got == {f"{SITE}/p/0", f"{SITE}/p/1", f"{SITE}/p/2"}
+
+
+# -- close ordering ----------------------------------------------------------------------------
+
+
+def test_close_writes_the_buffered_ack_then_releases_the_rest_unspent(core: Core) -> None:
+    done = _fetch(core, f"{SITE}/p/0")
+    core.enqueue(f"{SITE}/p/1")
+    core.run()
+    in_flight = core.next_request()
+    core.download(in_flight)
+    core.scraped(done)  # its ack is buffered, not yet written
+    core.close("shutdown")
+    rows = core.rows()
+    assert rows[done.url]["state"] == "done"
+    assert (rows[in_flight.url]["state"], rows[in_flight.url]["attempts"]) == ("pending", 0)
+    assert core.stats.get_value("reliability/lease/released") == 1
+
+
+def test_a_finished_close_finishes_the_job_only_when_nothing_is_left(core: Core) -> None:
+    request = _fetch(core, f"{SITE}/p/0")
+    core.scraped(request)
+    core.close("finished")
+    assert core.rows()[request.url]["state"] == "done"
+    with core.database() as conn:
+        (state,) = conn.execute(select(schema.jobs.c.state)).one()
+    assert state == "finished"
+
+
+# -- burial ordering (issue 13) ----------------------------------------------------------------
+
+
+def test_a_burial_never_commits_before_the_requests_its_errback_yielded(core: Core) -> None:
+    """A burial split out of a failed write, retried alone, while the part holding
+    its errback's children fails again (refused, then the database failing): the
+    burial still commits after every child is written or recorded as refused."""
+    failed = _fetch(core, f"{SITE}/p/0")
+    task = failed.meta["reliability_task_id"]
+    children = [f"{SITE}/p/1", f"{SITE}/p/2", f"{SITE}/p/3"]
+    # The errback yields children, then the request is buried.
+    for url in children:
+        core.enqueue(url)
+    core.give_up(failed)
+    # The first write (children + burial) is refused as a whole; the half holding
+    # the children fails again, first refused (p/2 is bad for good), then with a
+    # storage failure; the burial's part is ready long before.
+    core.frontier.faults += [
+        Fault(lambda b: bool(b.inserts) and bool(b.transitions), refused_value(), times=1),
+        Fault(_inserts(f"{SITE}/p/2"), refused_value(), times=100),
+        Fault(_inserts(f"{SITE}/p/1"), storage_failure(), times=2),
+    ]
+    core.scraped(failed)
+    core.run(5.0)
+    rows = core.rows()
+    assert rows[failed.url]["state"] == "dead"
+    assert rows[f"{SITE}/p/2"]["error_class"] == "refused"
+    buried = core.commit_index(_settles(task, Outcome.DEAD))
+    for url in children:
+        written = core.commit_index(lambda c, url=url: url in c.inserted or url in c.refused)
+        # The same commit is as good: one transaction, inserts first.
+        assert written <= buried, (url, core.frontier.commits)
+    assert all(f.times in (0, 98) for f in core.frontier.faults[:1] + core.frontier.faults[2:])
+
+
+def test_the_recording_frontier_sees_every_commit(core: Core) -> None:
+    # The harness itself: a commit list that missed writes would make the
+    # ordering tests above pass for the wrong reason.
+    request = _fetch(core, f"{SITE}/p/0")
+    core.scraped(request)
+    core.run()
+    task = request.meta["reliability_task_id"]
+    assert core.frontier.commits == [
+        Commit(inserted=[f"{SITE}/p/0"], refused=[], settled=[], claimed=False),
+        Commit(inserted=[], refused=[], settled=[(task, Outcome.DONE)], claimed=False),
+    ]

@@ -41,7 +41,12 @@ from w3lib.url import canonicalize_url
 from scrapy_reliability import _jobs
 from scrapy_reliability.config import Config, SettingError
 from scrapy_reliability.frontier import dialect, migrate
-from scrapy_reliability.frontier.errors import FrontierError, FrontierUnavailable, SchemaError
+from scrapy_reliability.frontier.errors import (
+    FrontierError,
+    FrontierUnavailable,
+    SchemaError,
+    first_line,
+)
 from scrapy_reliability.frontier.inspect import (
     DeadFilter,
     DomainInfo,
@@ -149,7 +154,7 @@ class FrontierCommand(ScrapyCommand):
             self.exitcode = 1
             return
         except SQLAlchemyError as exc:
-            context.fail(f"the frontier database failed: {_first_line(exc)}")
+            context.fail(f"the frontier database failed: {first_line(exc) or type(exc).__name__}")
             self.exitcode = 1
             return
         finally:
@@ -567,7 +572,8 @@ class _Context:
             current = migrate.current_revision(engine)
         except SQLAlchemyError as exc:
             raise FrontierUnavailable(
-                f"cannot open the frontier database {self.shown_url}: {_first_line(exc)}. "
+                f"cannot open the frontier database {self.shown_url}: "
+                f"{first_line(exc) or type(exc).__name__}. "
                 "Check RELIABILITY_DATABASE_URL (host, port, database name, credentials) and "
                 "that the server is running."
             ) from None
@@ -757,7 +763,7 @@ class _Doctor:
             self.add(
                 "database",
                 "fail",
-                f"cannot reach {ctx.shown_url}: {_first_line(exc)}; check "
+                f"cannot reach {ctx.shown_url}: {first_line(exc) or type(exc).__name__}; check "
                 "RELIABILITY_DATABASE_URL and that the server runs",
             )
             return
@@ -826,12 +832,6 @@ class _Doctor:
 
 
 # -- formatting -------------------------------------------------------------------------------
-
-
-def _first_line(exc: BaseException) -> str:
-    orig = getattr(exc, "orig", None)
-    text_ = str(orig if orig is not None else exc).strip()
-    return text_.splitlines()[0] if text_ else type(exc).__name__
 
 
 def _iso(ts: float) -> str:

@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from scrapy_reliability import _jobs
 from scrapy_reliability.config import Config, SettingError
 from scrapy_reliability.frontier import dialect
-from scrapy_reliability.frontier.errors import FrontierError, FrontierUnavailable
+from scrapy_reliability.frontier.errors import FrontierError, FrontierUnavailable, first_line
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -77,10 +77,9 @@ def check_frontier(crawler: Crawler | None, settings: BaseSettings, config: Conf
         ).close()
     except SQLAlchemyError as exc:  # e.g. a role without the right to create tables
         parsed = dialect.parse_url(url)
-        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
         raise FrontierUnavailable(
             f"The frontier database {dialect.redact(parsed)} failed: "
-            f"{dialect.scrub(first[0] if first else type(exc).__name__, parsed)}. Check "
+            f"{dialect.scrub(first_line(exc) or type(exc).__name__, parsed)}. Check "
             "RELIABILITY_DATABASE_URL and the privileges of its user."
         ) from None
 

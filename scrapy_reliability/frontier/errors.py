@@ -98,6 +98,17 @@ class WouldWait(Exception):
     frontier raises it without importing Twisted."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of what ``exc`` says, stripped: of the driver's error when
+    ``exc`` is a SQLAlchemy error wrapping one (its ``orig``; SQLAlchemy's own
+    text goes on with the statement and its parameters, which can be megabytes
+    and are a request's data). "" when it says nothing: each caller names the
+    error its own way then."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def is_storage_failure(exc: BaseException) -> bool:
     """Whether a failed statement says the database itself is unusable (server
     gone, disk full, file lost, read-only, locked), as opposed to refusing one

@@ -21,6 +21,7 @@ from scrapy_reliability.frontier.errors import (
     SchemaError,
     SchemaOutdated,
     SchemaTooNew,
+    first_line,
 )
 from scrapy_reliability.frontier.schema import VERSION_TABLE, metadata
 
@@ -110,7 +111,7 @@ def unavailable(url: URL, exc: OperationalError) -> FrontierError:
     be opened: locked (SQLite), or on PostgreSQL a server that cannot be reached,
     a refused login, a missing database."""
     full = dialect.scrub(str(exc.orig).strip() if exc.orig else str(exc), url)
-    message = full.splitlines()[0] if full else type(exc.orig or exc).__name__
+    message = dialect.scrub(first_line(exc), url) or type(exc.orig or exc).__name__
     shown = redact(url)
     if "database is locked" in message:
         return FrontierLocked(

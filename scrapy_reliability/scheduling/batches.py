@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from scrapy_reliability.frontier import WriteBatch
+from scrapy_reliability.frontier.errors import first_line
 
 #: A failed write is tried again after this many seconds; nothing is dropped.
 WRITE_RETRY_SECONDS = 1.0
@@ -68,6 +69,4 @@ def one_line(exc: BaseException) -> str:
     """An error in one line, without SQLAlchemy's statement and parameters (a
     batch's parameters can be megabytes, and are the request's data)."""
     orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(orig if orig is not None else exc).__name__}: {first}"[:500]
+    return f"{type(orig if orig is not None else exc).__name__}: {first_line(exc)}"[:500]

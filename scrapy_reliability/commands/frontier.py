@@ -1,0 +1,148 @@
+"""``scrapy frontier``: look into and operate the frontier of a project.
+
+Subcommands (``SPIDER`` selects the frontier and job as ``scrapy crawl SPIDER``
+with the same settings would; ``--database-url`` and ``--job`` override):
+
+* ``status SPIDER``: requests by state, per domain, dead letters by class, the
+  oldest pending request, live workers and their leases.
+* ``domains SPIDER``: per-domain counts, pauses, adaptive rate, Crawl-delay.
+* ``explain [SPIDER] URL...``: why a URL is where it is (done; leased by which
+  worker until when; not before T; domain paused until T; waiting for a token or
+  a slot; due; never seen).
+* ``dead SPIDER``: list dead letters (``--output FILE`` exports them).
+* ``requeue SPIDER``: dead requests back to pending (by class, domain, age).
+* ``purge SPIDER``: delete dead letters, drop pending requests, or a whole job.
+* ``migrate [SPIDER]``: upgrade the schema. ``doctor [SPIDER]``: check the setup.
+
+Tables for people; ``--json`` prints one JSON document for scripts (errors too:
+``{"error": ...}``). Exit status 1 on errors (and on failed ``doctor`` checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
+from sqlalchemy.exc import SQLAlchemyError
+
+from scrapy_reliability.commands.context import CommandFailed, Context
+from scrapy_reliability.commands.doctor import check_setup
+from scrapy_reliability.commands.explain import explain_urls
+from scrapy_reliability.commands.operations import migrate_schema, purge, requeue_dead
+from scrapy_reliability.commands.reports import show_dead, show_domains, show_status
+from scrapy_reliability.config import SettingError
+from scrapy_reliability.frontier.errors import FrontierError, first_line
+
+#: Each subcommand and the function that runs it (False from it: exit status 1).
+HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
+    "status": show_status,
+    "domains": show_domains,
+    "explain": explain_urls,
+    "dead": show_dead,
+    "requeue": requeue_dead,
+    "purge": purge,
+    "migrate": migrate_schema,
+    "doctor": check_setup,
+}
+SUBCOMMANDS = tuple(HANDLERS)
+
+
+class FrontierCommand(ScrapyCommand):
+    requires_project = False
+    requires_crawler_process = False
+    default_settings = {"LOG_ENABLED": False}
+
+    def syntax(self) -> str:
+        return f"<{'|'.join(SUBCOMMANDS)}> [SPIDER] [URL ...] [options]"
+
+    def short_desc(self) -> str:
+        return "Look into and operate the scrapy-reliability frontier"
+
+    def long_desc(self) -> str:
+        return (
+            "Subcommands: status SPIDER (counts, domains, dead letters, oldest pending, "
+            "workers); domains SPIDER; explain [SPIDER] URL... (why a URL is where it is); "
+            "dead SPIDER (list, --output FILE to export); requeue SPIDER (dead requests "
+            "back to pending); purge SPIDER (--dead-letters, --pending or --whole-job, with "
+            "--yes); migrate [SPIDER]; doctor [SPIDER]. --json for scripts."
+        )
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        super().add_options(parser)
+        group = parser.add_argument_group(title="Frontier options")
+        group.add_argument(
+            "--database-url",
+            dest="database_url",
+            help="frontier database (default: from the settings, as the crawl would use)",
+        )
+        group.add_argument("--job", help="job name (default: as the crawl of SPIDER names it)")
+        group.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        group.add_argument(
+            "--error-class",
+            action="append",
+            default=[],
+            metavar="CLASS",
+            help="dead, requeue, purge: only this error class (repeat or comma-separate)",
+        )
+        group.add_argument(
+            "--domain",
+            action="append",
+            default=[],
+            metavar="DOMAIN",
+            help="dead, requeue, purge: only this domain (repeat or comma-separate)",
+        )
+        group.add_argument(
+            "--older-than",
+            metavar="DURATION",
+            help="dead, requeue, purge: only failures at least this old (30m, 6h, 2d)",
+        )
+        group.add_argument(
+            "--limit", type=int, default=None, help="rows to show (0: all; default 50)"
+        )
+        group.add_argument(
+            "--output", metavar="FILE", help="dead: export to FILE (.jsonl, or .csv)"
+        )
+        group.add_argument(
+            "--dry-run", action="store_true", help="requeue, purge: only count what would change"
+        )
+        group.add_argument("--yes", action="store_true", help="purge: really delete")
+        group.add_argument("--dead-letters", action="store_true", help="purge dead letters")
+        group.add_argument(
+            "--pending", action="store_true", help="purge pending requests (they become ignored)"
+        )
+        group.add_argument(
+            "--whole-job", action="store_true", help="purge every run and row of the job"
+        )
+        group.add_argument(
+            "--force", action="store_true", help="purge --whole-job even with live workers"
+        )
+
+    def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        if not args or args[0] not in SUBCOMMANDS:
+            raise UsageError(f"expected a subcommand: {', '.join(SUBCOMMANDS)}")
+        unknown = [a for a in args[1:] if a.startswith("-")]
+        if unknown:
+            raise UsageError(f"unknown option {unknown[0]!r} (see scrapy frontier -h)")
+        assert self.settings is not None
+        handler = HANDLERS[args[0]]
+        context = Context(self.settings, opts)
+        try:
+            result = handler(context, args[1:])
+        except (CommandFailed, FrontierError, SettingError) as exc:
+            context.fail(str(exc))
+            self.exitcode = 1
+            return
+        except SQLAlchemyError as exc:
+            context.fail(f"the frontier database failed: {first_line(exc) or type(exc).__name__}")
+            self.exitcode = 1
+            return
+        finally:
+            context.close()
+        if result is False:
+            self.exitcode = 1
+
+
+__all__ = ["FrontierCommand"]

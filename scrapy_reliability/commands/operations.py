@@ -1,0 +1,89 @@
+"""The subcommands that change the frontier: ``requeue`` (dead requests back to
+pending), ``purge`` (dead letters, pending requests or a whole job) and
+``migrate`` (the schema)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy.exceptions import UsageError
+
+from scrapy_reliability.commands.context import CommandFailed, Context
+from scrapy_reliability.frontier import dialect, migrate
+
+
+def requeue_dead(ctx: Context, args: list[str]) -> None:
+    spider = ctx.one_spider(args)
+    selection = ctx.dead_filter()
+    inspector, job = ctx.job(spider)
+    with ctx.writing():
+        count = inspector.requeue(job.id, selection, dry_run=ctx.opts.dry_run, now=ctx.now)
+    if ctx.opts.json:
+        ctx.print_json({"job": job.name, "requeued": count, "dry_run": ctx.opts.dry_run})
+        return
+    if ctx.opts.dry_run:
+        ctx.out(f"Would requeue {count} dead requests of job {job.name}.")
+    elif count:
+        ctx.out(
+            f"Requeued {count} dead requests of job {job.name} (fresh attempt budget); "
+            f"`scrapy crawl {spider or '<spider>'}` with the same settings crawls them."
+        )
+    else:
+        ctx.out(f"No dead request of job {job.name} matches; nothing requeued.")
+
+
+def purge(ctx: Context, args: list[str]) -> None:
+    spider = ctx.one_spider(args)
+    opts = ctx.opts
+    targets = [opts.dead_letters, opts.pending, opts.whole_job]
+    if sum(targets) != 1:
+        raise UsageError(
+            "purge what? pass one of --dead-letters, --pending or --whole-job "
+            "(add --yes to really delete)"
+        )
+    selection = ctx.dead_filter()
+    inspector, job = ctx.job(spider)
+    dry_run = not opts.yes
+    with ctx.writing():
+        if opts.dead_letters:
+            n = inspector.purge_dead_letters(job.id, selection, dry_run=dry_run)
+            what = f"{n} dead letters"
+            result: dict[str, Any] = {"dead_letters": n}
+        elif opts.pending:
+            domains = ctx.split(opts.domain)
+            n = inspector.purge_pending(job.id, domains_=domains, dry_run=dry_run, now=ctx.now)
+            what = f"{n} pending requests (marked ignored, never fetched)"
+            result = {"pending": n}
+        else:
+            live = inspector.live_workers(
+                job.name, since=ctx.now - ctx.config(spider).lease_seconds
+            )
+            if live and not opts.force:
+                raise CommandFailed(
+                    f"job {job.name} has {len(live)} live workers ("
+                    + ", ".join(f"{w.hostname} pid {w.pid}" for w in live)
+                    + "): stop them first, or pass --force"
+                )
+            removed = inspector.purge_job(job.name, dry_run=dry_run)
+            what = f"job {job.name}: " + ", ".join(f"{n} {t}" for t, n in removed.items())
+            result = dict(removed)
+    if opts.json:
+        ctx.print_json({"job": job.name, "dry_run": dry_run, "purged": result})
+    elif dry_run:
+        ctx.out(f"Would purge {what}. Pass --yes to do it.")
+    else:
+        ctx.out(f"Purged {what}.")
+
+
+def migrate_schema(ctx: Context, args: list[str]) -> None:
+    spider = ctx.one_spider(args, required=False)
+    url = ctx.database_url(spider)
+    engine = ctx.engine(url)
+    before, after = migrate.upgrade(engine)
+    shown = dialect.redact(url)
+    if ctx.opts.json:
+        ctx.print_json({"database": shown, "before": before, "after": after})
+    elif before == after:
+        ctx.out(f"{shown}: schema already at {after}")
+    else:
+        ctx.out(f"{shown}: schema upgraded from {before} to {after}")

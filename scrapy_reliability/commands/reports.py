@@ -1,0 +1,264 @@
+"""The read-only reports: ``status`` (counts, domains, dead letters, the oldest
+pending request, workers), ``domains`` and ``dead`` (listed, or exported with
+``--output FILE``); their tables, and the per-domain limits as text."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from scrapy_reliability.commands.context import Context
+from scrapy_reliability.commands.text import ago, clip, iso, table, when
+from scrapy_reliability.frontier.inspect import DomainInfo, WorkerInfo
+from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
+from scrapy_reliability.frontier.schema import STATES
+
+
+def show_status(ctx: Context, args: list[str]) -> None:
+    spider = ctx.one_spider(args)
+    inspector, job = ctx.job(spider)
+    status = inspector.status(job, now=ctx.now)
+    domains = status.domains
+    limits, limits_from = ctx.limits(job, spider)
+    if ctx.opts.json:
+        ctx.print_json(
+            {
+                "database": ctx.shown_url,
+                "job": asdict(job),
+                "limits": _limits_json(limits, limits_from),
+                "counts": status.counts,
+                "oldest_pending": status.oldest_pending,
+                "next_due": status.next_due,
+                "dead_letters": status.dead_by_class,
+                "last_dead_at": status.last_dead_at,
+                "expired_leases": status.expired_leases,
+                "domains": [asdict(d) for d in domains],
+                "workers": [_worker_json(w, ctx) for w in status.workers],
+            }
+        )
+        return
+    out = ctx.out
+    out(f"Job {job.name}, run {job.generation} ({job.state}) in {ctx.shown_url}")
+    out(f"Started {when(job.created_at, ctx.now)}")
+    if job.finished_at is not None:
+        out(f"Finished {when(job.finished_at, ctx.now)}")
+    out(_limits_line(limits, limits_from))
+    out("")
+    out(table(["state", "requests"], [[s, status.counts.get(s, 0)] for s in STATES]))
+    out("")
+    oldest = status.oldest_pending
+    if oldest is None:
+        out("Oldest pending: none")
+    else:
+        due = (
+            "due now"
+            if oldest["not_before"] <= ctx.now
+            else f"not before {when(oldest['not_before'], ctx.now)}"
+        )
+        out(
+            f"Oldest pending: {oldest['url']} (task {oldest['id']}, discovered "
+            f"{when(oldest['created_at'], ctx.now)}, {due})"
+        )
+    if status.expired_leases:
+        out(
+            f"Expired leases: {status.expired_leases} (their worker died or hangs; they go "
+            "back to pending at the next heartbeat of a live worker)"
+        )
+    out("")
+    if status.dead_by_class:
+        out(
+            table(
+                ["dead letters", "count"],
+                [[c, n] for c, n in sorted(status.dead_by_class.items())],
+            )
+        )
+        if status.last_dead_at is not None:
+            out(f"Last dead letter: {when(status.last_dead_at, ctx.now)}")
+    else:
+        out("Dead letters: none")
+    out("")
+    out(_domain_table(domains, ctx, limit=ctx.limit()))
+    out("")
+    if status.workers:
+        out(_worker_table(status.workers, ctx))
+    else:
+        out("Workers: none running")
+
+
+def show_domains(ctx: Context, args: list[str]) -> None:
+    spider = ctx.one_spider(args)
+    inspector, job = ctx.job(spider)
+    domains = inspector.domains(job.id)
+    limits, limits_from = ctx.limits(job, spider)
+    if ctx.opts.json:
+        ctx.print_json(
+            {
+                "job": asdict(job),
+                "limits": _limits_json(limits, limits_from),
+                "domains": [
+                    {**asdict(d), "limits": asdict(limits.limits_for(d.domain))} for d in domains
+                ],
+            }
+        )
+        return
+    ctx.out(_limits_line(limits, limits_from))
+    ctx.out(_domain_table(domains, ctx, limit=ctx.limit(), detail=True, limits=limits))
+
+
+def show_dead(ctx: Context, args: list[str]) -> None:
+    spider = ctx.one_spider(args)
+    selection = ctx.dead_filter()
+    limit = ctx.limit()
+    inspector, job = ctx.job(spider)
+    if ctx.opts.output:
+        rows = inspector.dead_letters(job.id, selection)
+        _export(rows, Path(ctx.opts.output))
+        message = f"exported {len(rows)} dead letters of job {job.name} to {ctx.opts.output}"
+        if ctx.opts.json:
+            ctx.print_json({"exported": len(rows), "file": ctx.opts.output})
+        else:
+            ctx.out(message)
+        return
+    rows = inspector.dead_letters(job.id, selection, limit=None if limit is None else limit + 1)
+    more = limit is not None and len(rows) > limit
+    rows = rows[:limit] if limit is not None else rows
+    if ctx.opts.json:
+        ctx.print_json({"job": asdict(job), "dead_letters": rows, "truncated": more})
+        return
+    if not rows:
+        ctx.out(f"No dead letters in job {job.name} (run {job.generation}) match.")
+        return
+    ctx.out(
+        table(
+            ["id", "class", "status", "attempts", "last failure", "domain", "url", "error"],
+            [
+                [
+                    r["request_id"] if r["request_id"] is not None else f"item {r['id']}",
+                    r["error_class"],
+                    r["last_status"] if r["last_status"] is not None else "-",
+                    r["attempts"],
+                    ago(ctx.now - r["last_failed_at"]) + " ago",
+                    r["domain"],
+                    r["url"],
+                    clip(r["last_error"], 60),
+                ]
+                for r in rows
+            ],
+        )
+    )
+    if more:
+        ctx.out("(more not shown: --limit 0 shows all, --output FILE exports them)")
+
+
+def domain_limits_text(limits: DomainLimits) -> str:
+    rate = f"{limits.rate:g} requests/s (burst {limits.burst})" if limits.rate else "no rate limit"
+    at_once = f"at most {limits.concurrency} at once" if limits.concurrency else "no cap at once"
+    return f"{rate}, {at_once}"
+
+
+def _limits_line(limits: Politeness, source: str) -> str:
+    where = (
+        "as the crawl runs"
+        if source == "crawl"
+        else "from these settings: the job stored none (it ran with an older version)"
+    )
+    line = f"Per-domain limits ({where}): {domain_limits_text(limits.default)}"
+    if limits.per_worker and not limits.default.concurrency:
+        line += f" over all workers, at most {limits.per_worker} at once in each"
+    if limits.overrides:
+        n = len(limits.overrides)
+        line += f"; {n} domain{'s' if n != 1 else ''} with their own"
+    return line
+
+
+def _limits_json(limits: Politeness, source: str) -> dict[str, Any]:
+    return {
+        "source": source,
+        "default": asdict(limits.default),
+        "overrides": {k: asdict(v) for k, v in limits.overrides.items()},
+        "per_worker": limits.per_worker,
+    }
+
+
+def _domain_table(
+    domains: list[DomainInfo],
+    ctx: Context,
+    *,
+    limit: int | None,
+    detail: bool = False,
+    limits: Politeness | None = None,
+) -> str:
+    if not domains:
+        return "Domains: none"
+    ordered = sorted(domains, key=lambda d: (-d.counts.get("pending", 0), d.domain))
+    shown = ordered if limit is None else ordered[:limit]
+    headers = ["domain", *STATES, "paused until"]
+    if detail:
+        headers += ["rate", "crawl delay", "next due"]
+        if limits is not None:
+            headers.append("limits")
+    rows = []
+    for d in shown:
+        row: list[Any] = [d.domain, *(d.counts.get(s, 0) for s in STATES)]
+        row.append(
+            when(d.paused_until, ctx.now) + (f" ({d.pause_reason})" if d.pause_reason else "")
+            if d.paused_until > ctx.now
+            else "-"
+        )
+        if detail:
+            row.append(f"{d.rate_factor * 100:.0f}%")
+            row.append(f"{d.crawl_delay:g} s" if d.crawl_delay else "-")
+            row.append(
+                "-"
+                if d.next_due is None
+                else ("now" if d.next_due <= ctx.now else when(d.next_due, ctx.now))
+            )
+            if limits is not None:
+                row.append(domain_limits_text(limits.limits_for(d.domain)))
+        rows.append(row)
+    text = table(headers, rows)
+    if len(shown) < len(ordered):
+        text += f"\n({len(ordered) - len(shown)} more domains: --limit 0 shows all)"
+    return text
+
+
+def _worker_json(w: WorkerInfo, ctx: Context) -> dict[str, Any]:
+    value = asdict(w)
+    value["heartbeat_age_s"] = round(ctx.now - w.heartbeat_at, 1)
+    return value
+
+
+def _worker_table(found: list[WorkerInfo], ctx: Context) -> str:
+    return table(
+        ["worker", "host", "pid", "started", "heartbeat", "leases", "leases expire"],
+        [
+            [
+                w.id,
+                w.hostname,
+                w.pid,
+                ago(ctx.now - w.started_at) + " ago",
+                ago(ctx.now - w.heartbeat_at) + " ago",
+                w.leases,
+                "-"
+                if w.first_expiry is None
+                else f"{iso(w.first_expiry)} .. {iso(w.last_expiry or w.first_expiry)}",
+            ]
+            for w in found
+        ],
+    )
+
+
+def _export(rows: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".csv":
+        with path.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["url"])
+            writer.writeheader()
+            writer.writerows(rows)
+        return
+    with path.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, default=str) + "\n")

@@ -11,14 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scrapy.settings import Settings
 
-from scrapy_reliability.config import (
-    MAX_CLAIM_BATCH,
-    MAX_SECONDS,
-    ORDERS,
-    Config,
-    SettingError,
-    limits_text,
-)
+from scrapy_reliability.config import ORDERS, Config, SettingError
+from scrapy_reliability.domain_limits import limits_text
+from scrapy_reliability.settings_values import MAX_CLAIM_BATCH, MAX_SECONDS
 
 
 def test_defaults():

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 from scrapy.settings import BaseSettings
 
 from scrapy_reliability import _startup
-from scrapy_reliability.config import bool_setting
 from scrapy_reliability.middlewares import RetryMiddleware
 from scrapy_reliability.monitoring import CrawlMonitor, install_json_logs
+from scrapy_reliability.settings_values import bool_setting
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

@@ -30,7 +30,6 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 from scrapy.utils.response import response_status_message
 
-from scrapy_reliability.config import MAX_SECONDS, SettingError, nonnegative_float
 from scrapy_reliability.retry import Action, ErrorClass, RetryPolicy, parse_retry_after
 from scrapy_reliability.scheduling.meta import (
     ATTEMPTS_META,
@@ -41,6 +40,7 @@ from scrapy_reliability.scheduling.meta import (
     RetryMeta,
     failure_of,  # noqa: F401  (re-exported: imported from here before scheduling.meta)
 )
+from scrapy_reliability.settings_values import MAX_SECONDS, SettingError, nonnegative_float
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

@@ -34,13 +34,13 @@ from typing import Any
 
 from scrapy.settings import BaseSettings
 
-from scrapy_reliability.config import (
+from scrapy_reliability.scheduling.meta import RETRY_OVERRIDES
+from scrapy_reliability.settings_values import (
     SettingError,
     mapping_setting,
     nonnegative_float,
     positive_int,
 )
-from scrapy_reliability.scheduling.meta import RETRY_OVERRIDES
 
 
 class ErrorClass(str, enum.Enum):

@@ -11,14 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scrapy.settings import Settings
 
-from scrapy_reliability.config import (
-    MAX_CLAIM_BATCH,
-    MAX_SECONDS,
-    ORDERS,
-    Config,
-    SettingError,
-    limits_text,
-)
+from scrapy_reliability.config import ORDERS, Config, SettingError
+from scrapy_reliability.domain_limits import limits_text
+from scrapy_reliability.settings_values import MAX_CLAIM_BATCH, MAX_SECONDS
 
 
 def test_defaults():
@@ -249,7 +244,7 @@ def test_wrong_types_and_ranges_name_the_setting_and_what_it_accepts(values, nam
     assert "{options" not in message  # the f-string of old printed its own source
 
 
-# Every RELIABILITY_* setting Config reads (grep config.py for the names).
+# Every RELIABILITY_* setting Config reads (grep config.py and domain_limits.py for the names).
 CONFIG_SETTINGS = (
     "RELIABILITY_DATABASE_URL",
     "RELIABILITY_JOB",

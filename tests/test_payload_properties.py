@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from scrapy.http import FormRequest, JsonRequest
 from scrapy_playwright.page import PageMethod
 
+from scrapy_reliability.scheduling.meta import TRANSIENT_META
 from scrapy_reliability.serialization import (
-    TRANSIENT_META,
     CorruptPayload,
     MissingCallback,
     UnserializableRequest,

@@ -1,0 +1,208 @@
+"""A request to a JSON payload (:func:`request_to_payload`), and the payload's
+format: its version, the fields that hold user values, the names a callback may have."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from scrapy import Request, Spider
+from w3lib.url import safe_url_string
+
+from scrapy_reliability.scheduling.meta import TRANSIENT_META
+from scrapy_reliability.serialization.checks import _priority_problem
+from scrapy_reliability.serialization.errors import UnserializableRequest, _describe
+from scrapy_reliability.serialization.text_encodings import _is_standard_text_codec
+from scrapy_reliability.serialization.value_codecs import (
+    _TAG,
+    _dumps,
+    _for_spider,
+    _load_integration,
+    _meta_preparers,
+)
+
+PAYLOAD_VERSION = 1
+
+#: Longest payload stored, in characters: far below the 1 GB either backend holds in
+#: one value, far above any request that does not carry a whole document in meta.
+MAX_PAYLOAD_LENGTH = 64 * 1024 * 1024
+
+
+# What json.dumps raises for a value it cannot write: TypeError (no codec, a key
+# that is not a str, int, float, bool or None), ValueError (NaN, Infinity, a cycle,
+# an int of more digits than Python reads back), RecursionError (nested too deeply).
+_UNWRITABLE = (TypeError, ValueError, RecursionError)
+
+
+def _check_field(field: str, values: dict[Any, Any] | list[Any], request: Request) -> None:
+    """Name the first key (index) of ``values`` whose value is not storable."""
+    items = values.items() if isinstance(values, dict) else enumerate(values)
+    for key, value in items:
+        try:
+            _dumps({key: value} if isinstance(values, dict) else value)
+        except _UNWRITABLE as exc:
+            raise UnserializableRequest(
+                f"{field}[{key!r}] of {request!r} holds a {type(value).__name__} "
+                f"({_describe(exc)}), which cannot be stored as JSON. Store something "
+                "JSON can hold (str, finite number, bool, None, list, dict, bytes), or "
+                "keep the object on the spider and store a key to it."
+            ) from None
+    raise UnserializableRequest(f"{field} of {request!r} cannot be stored as JSON")
+
+
+def _is_method_name(name: str) -> bool:
+    # Dunder names are refused both ways: a payload must not make a callback of
+    # __init__, __class__ or the like.
+    return name.isidentifier() and not (name.startswith("__") and name.endswith("__"))
+
+
+def _method_name(spider: Spider, func: Any, role: str, request: Request) -> str | None:
+    if func is None:
+        return None
+    name: str | None = func if isinstance(func, str) else getattr(func, "__name__", None)
+    if isinstance(func, str) and _is_method_name(func):
+        return func
+    bound = getattr(func, "__self__", None)
+    if (
+        bound is spider
+        and isinstance(name, str)
+        and _is_method_name(name)
+        and getattr(getattr(spider, name, None), "__func__", None)
+        is (getattr(func, "__func__", None))
+    ):
+        return name
+    raise UnserializableRequest(
+        f"The {role} of {request!r} ({func!r}) is not a method of the spider "
+        f"{spider.name!r}; the frontier stores callbacks by method name. Make it a "
+        "spider method."
+    )
+
+
+def request_to_payload(request: Request, spider: Spider) -> str:
+    """Serialize ``request`` to a JSON string of ASCII characters, which
+    :func:`payload_to_request` rebuilds in any worker of this spider.
+
+    Raises :class:`UnserializableRequest`, naming the key, for what cannot be stored:
+    a value JSON cannot hold (an object, a set, NaN or Infinity, an int of more than
+    4300 digits, a dict nested too deeply or holding itself), a callback that is not
+    a spider method, a priority that is not an int, an encoding that is not a text
+    codec of Python's standard library, a payload over :data:`MAX_PAYLOAD_LENGTH`.
+    """
+    data: dict[str, Any] = {"v": PAYLOAD_VERSION, "url": request.url}
+    if request.method != "GET":
+        data["method"] = request.method
+    if request.headers:
+        data["headers"] = [
+            [k.decode("latin-1"), [v.decode("latin-1") for v in vs]]
+            for k, vs in request.headers.items()
+        ]
+    if request.body:
+        try:
+            data["body"] = request.body.decode("utf-8")
+        except UnicodeDecodeError:
+            data["body_b64"] = base64.b64encode(request.body).decode("ascii")
+    callback = _method_name(spider, request.callback, "callback", request)
+    if callback is not None:
+        data["callback"] = callback
+    errback = _method_name(spider, request.errback, "errback", request)
+    if errback is not None:
+        data["errback"] = errback
+    priority = request.priority
+    problem = _priority_problem(priority)
+    if problem:  # the row holds it in an INTEGER column as well
+        raise UnserializableRequest(f"{request!r} cannot be stored: its priority {problem}")
+    if priority:
+        data["priority"] = int(priority)  # a bool is stored as the int it is
+    if request.dont_filter:
+        data["dont_filter"] = True
+    if request.encoding != "utf-8":
+        if not _is_standard_text_codec(request.encoding):
+            raise UnserializableRequest(
+                f"the encoding {request.encoding!r} of {request!r} is not a text codec of "
+                "Python's standard library, which is all a stored request may name "
+                "(use the standard name, e.g. 'cp1252' or 'shift_jis')"
+            )
+        if safe_url_string(request.url, request.encoding) != request.url:
+            # Scrapy encodes the URL again when the request is rebuilt, and in an
+            # encoding that is not ASCII-compatible (UTF-16, EBCDIC...) it changes.
+            raise UnserializableRequest(
+                f"the URL of {request!r} would change when the request is rebuilt in its "
+                f"encoding {request.encoding!r}: give the request encoding='utf-8' (its "
+                "URL is already percent-encoded)"
+            )
+        data["encoding"] = request.encoding
+    if request.flags:
+        data["flags"] = list(request.flags)
+    if type(request) is not Request:
+        data["class"] = f"{type(request).__module__}.{type(request).__qualname__}"
+    meta = {k: v for k, v in request.meta.items() if k not in TRANSIENT_META}
+    if any(isinstance(key, str) and key.startswith("playwright") for key in meta):
+        _load_integration("playwright")
+        prepare = _meta_preparers.get("playwright")
+        if prepare is not None:
+            meta = prepare(meta, spider, request)
+    extras: tuple[tuple[str, Any], ...] = (
+        ("meta", meta),
+        ("cookies", request.cookies),
+        ("cb_kwargs", request.cb_kwargs),
+    )
+    for field, extra in extras:
+        if extra:
+            data[field] = extra
+    payload = _encode(data, spider, request)
+    if _TAG in payload:
+        _refuse_tag_lookalikes(data, request)
+    if len(payload) > MAX_PAYLOAD_LENGTH:
+        fields = [f for f in (*_VALUE_FIELDS, "body", "body_b64", "url") if f in data]
+        with _for_spider(spider):
+            biggest = max(fields, key=lambda f: len(_dumps(data[f])))
+        raise UnserializableRequest(
+            f"{request!r} takes {len(payload)} characters as JSON, most of them in its "
+            f"{biggest}; the frontier stores requests of up to {MAX_PAYLOAD_LENGTH}. Keep "
+            "large data out of the request (store it elsewhere and pass a key)."
+        )
+    return payload
+
+
+# Fields of a payload that hold user values, where codec values may be.
+_VALUE_FIELDS = ("meta", "cookies", "cb_kwargs", "flags")
+
+
+def _encode(data: dict[str, Any], spider: Spider, request: Request) -> str:
+    try:
+        # Plain JSON values (most requests): no codec, so no spider context.
+        return json.dumps(data, separators=(",", ":"), allow_nan=False)
+    except _UNWRITABLE:
+        pass
+    with _for_spider(spider):
+        try:
+            return _dumps(data)
+        except _UNWRITABLE:
+            pass
+        for field in _VALUE_FIELDS:
+            value = data.get(field)
+            if isinstance(value, (dict, list)):
+                try:
+                    _dumps(value)
+                except _UNWRITABLE:
+                    _check_field(field, value, request)
+    raise UnserializableRequest(f"{request!r} cannot be stored as JSON")
+
+
+def _refuse_tag_lookalikes(data: dict[str, Any], request: Request) -> None:
+    """A dict of the request's own with the key that marks codec values would be
+    rebuilt as a codec value (or refused as corrupt): refuse it now."""
+    for field in _VALUE_FIELDS:
+        stack = [data.get(field)]
+        while stack:
+            value = stack.pop()
+            if isinstance(value, dict):
+                if _TAG in value:
+                    raise UnserializableRequest(
+                        f"{field} of {request!r} holds a dict with the key {_TAG!r}, "
+                        "which the frontier reserves for the values of its codecs"
+                    )
+                stack.extend(value.values())
+            elif isinstance(value, (list, tuple)):
+                stack.extend(value)

@@ -1,0 +1,233 @@
+"""What the test site serves: its options (:class:`SiteConfig`) and everything they
+determine, the same in every process: which page has which fault, each page's links
+and HTML, which pages need JavaScript. See :mod:`scrapy_reliability.testing.site`
+for the contracts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+from dataclasses import dataclass
+from typing import Final
+
+FAULT_KINDS: Final[tuple[str, ...]] = ("500x3", "429", "reset", "truncate", "slow", "404")
+"""Every fault kind, in canonical order (the order :func:`page_fault` chooses among)."""
+
+DEFAULT_HOSTS: Final[tuple[str, ...]] = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+
+
+def _stable_hash(*parts: object) -> int:
+    """A 64-bit hash of ``parts`` that is the same in every process and Python version."""
+    data = "\x1f".join(str(p) for p in parts).encode("utf-8")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    """Every command-line option of the site, with the same defaults.
+
+    ``port=0`` is allowed here only as "not chosen yet": :class:`SiteProcess` replaces it
+    with :func:`free_port`; :meth:`argv` refuses it. ``faults`` is normalised to
+    :data:`FAULT_KINDS` order without duplicates, so the order given does not matter.
+    ``outage_start``/``outage_seconds`` schedule one outage relative to READY; both or
+    neither must be set. ``log`` is the JSON-lines request log, or None for no log.
+    ``js_pages``/``js_delay_ms``: JavaScript pages (0: none). Invalid values raise
+    ValueError.
+    """
+
+    port: int = 0
+    hosts: tuple[str, ...] = DEFAULT_HOSTS
+    pages: int = 800
+    extra_links: int = 0
+    latency_ms: float = 0.0
+    crawl_delay: float | None = None
+    fault_rate: float = 0.0
+    faults: tuple[str, ...] = FAULT_KINDS
+    seed: int = 0
+    retry_after: int = 3
+    slow_times: int = 2
+    slow_seconds: float = 4.0
+    outage_start: float | None = None
+    outage_seconds: float = 0.0
+    host_rate: int = 0
+    log: pathlib.Path | None = None
+    js_pages: int = 0
+    js_delay_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        hosts = tuple(self.hosts)
+        faults = tuple(self.faults)
+        unknown = sorted(set(faults) - set(FAULT_KINDS))
+        if unknown:
+            raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
+        object.__setattr__(self, "hosts", hosts)
+        object.__setattr__(self, "faults", tuple(k for k in FAULT_KINDS if k in faults))
+        if self.log is not None:
+            object.__setattr__(self, "log", pathlib.Path(self.log))
+        if not hosts or any(not h or "," in h for h in hosts) or len(set(hosts)) != len(hosts):
+            raise ValueError(f"hosts must be distinct non-empty names: {hosts!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port out of range: {self.port}")
+        if self.pages < 1:
+            raise ValueError("pages must be >= 1")
+        if self.extra_links < 0:
+            raise ValueError("extra_links must be >= 0")
+        if not 0.0 <= self.fault_rate <= 1.0:
+            raise ValueError("fault_rate must be within [0, 1]")
+        if self.retry_after < 1:
+            raise ValueError("retry_after must be >= 1 second")
+        if self.slow_times < 0 or self.host_rate < 0:
+            raise ValueError("slow_times and host_rate must be >= 0")
+        if min(self.latency_ms, self.slow_seconds, self.outage_seconds) < 0:
+            raise ValueError("latency_ms, slow_seconds and outage_seconds must be >= 0")
+        if self.crawl_delay is not None and self.crawl_delay < 0:
+            raise ValueError("crawl_delay must be >= 0")
+        if (self.outage_start is None) != (self.outage_seconds == 0):
+            raise ValueError("outage_start and a positive outage_seconds go together")
+        if self.outage_start is not None and self.outage_start < 0:
+            raise ValueError("outage_start must be >= 0")
+        if self.js_pages < 0 or self.js_delay_ms < 0:
+            raise ValueError("js_pages and js_delay_ms must be >= 0")
+
+    def argv(self) -> list[str]:
+        """Command-line arguments that make the site run with exactly this config.
+
+        ``parse_args(config.argv()) == config`` holds. Raises ValueError if port is 0.
+        """
+        if self.port == 0:
+            raise ValueError(
+                "SiteConfig.port is 0: choose a port (SiteProcess does, via free_port)"
+            )
+        args = [
+            f"--port={self.port}",
+            f"--hosts={','.join(self.hosts)}",
+            f"--pages={self.pages}",
+            f"--extra-links={self.extra_links}",
+            f"--latency-ms={self.latency_ms!r}",
+            f"--fault-rate={self.fault_rate!r}",
+            f"--faults={','.join(self.faults)}",
+            f"--seed={self.seed}",
+            f"--retry-after={self.retry_after}",
+            f"--slow-times={self.slow_times}",
+            f"--slow-seconds={self.slow_seconds!r}",
+            f"--host-rate={self.host_rate}",
+        ]
+        if self.crawl_delay is not None:
+            args.append(f"--crawl-delay={self.crawl_delay!r}")
+        if self.outage_start is not None:
+            args += [
+                f"--outage-start={self.outage_start!r}",
+                f"--outage-seconds={self.outage_seconds!r}",
+            ]
+        if self.log is not None:
+            args.append(f"--log={self.log}")
+        if self.js_pages:
+            args.append(f"--js-pages={self.js_pages}")
+        if self.js_delay_ms:
+            args.append(f"--js-delay-ms={self.js_delay_ms!r}")
+        return args
+
+
+def page_fault(config: SiteConfig, host: str, i: int) -> str | None:
+    """The fault kind of page ``i`` of ``host``, or None; exactly what the server applies.
+
+    A page is faulty iff ``blake2b(seed, "fault", host, i) % 10000 < fault_rate * 10000``;
+    its kind is ``config.faults[blake2b(seed, "kind", host, i) % len(config.faults)]``.
+    Page 0 (and anything outside ``1 <= i < pages``) is never faulty. The result does not
+    depend on ``pages`` (for pages that exist), on PYTHONHASHSEED or on the process.
+    """
+    if i <= 0 or i >= config.pages or not config.faults or config.fault_rate <= 0.0:
+        return None
+    if _stable_hash(config.seed, "fault", host, i) % 10000 >= config.fault_rate * 10000:
+        return None
+    return config.faults[_stable_hash(config.seed, "kind", host, i) % len(config.faults)]
+
+
+def page_links(config: SiteConfig, host: str, i: int) -> list[str]:
+    """The hrefs of page ``i`` of ``host``, in document order (requires ``0 <= i < pages``).
+
+    Children ``/p/{2i+1}``, ``/p/{2i+2}`` (when they exist), then the absolute link to the
+    same page on the next host, then ``extra_links`` relative same-host links.
+    """
+    if not 0 <= i < config.pages:
+        raise ValueError(f"no page {i}")
+    links = [f"/p/{c}" for c in (2 * i + 1, 2 * i + 2) if c < config.pages]
+    index = config.hosts.index(host)
+    next_host = config.hosts[(index + 1) % len(config.hosts)]
+    links.append(f"http://{next_host}:{config.port}/p/{i}")
+    links.extend(
+        f"/p/{_stable_hash(config.seed, 'extra', host, i, k) % config.pages}"
+        for k in range(config.extra_links)
+    )
+    return links
+
+
+def _render_page(config: SiteConfig, host: str, i: int) -> bytes:
+    anchors = "\n".join(f'<a href="{href}">{href}</a>' for href in page_links(config, host, i))
+    return (
+        f"<html><head><title>{host} p {i}</title></head><body>"
+        f'<h1 id="page" data-host="{host}" data-page="{i}">{host} page {i}</h1>\n'
+        f"{anchors}\n</body></html>\n"
+    ).encode()
+
+
+def is_js_page(config: SiteConfig, i: int) -> bool:
+    """Whether page ``i`` is a JavaScript page (``js_pages`` divides ``i``)."""
+    return config.js_pages > 0 and 0 <= i < config.pages and i % config.js_pages == 0
+
+
+def js_token(host: str, i: int) -> str:
+    """What the script of JavaScript page ``i`` of ``host`` puts in ``data-rendered``.
+
+    A rolling hash of ``"HOST/i"`` that the script computes when it runs: it is not
+    in the page's source.
+    """
+    h = 7
+    for ch in f"{host}/{i}":
+        h = (h * 31 + ord(ch)) % 1000003
+    return f"js-{h}"
+
+
+def _render_js_page(config: SiteConfig, host: str, i: int) -> bytes:
+    data = json.dumps({"host": host, "page": i, "links": page_links(config, host, i)})
+    delay = max(0, round(config.js_delay_ms))
+    script = (
+        "(function () {\n"
+        f"  var d = {data};\n"
+        "  function token(s) {\n"
+        "    var h = 7;\n"
+        "    for (var k = 0; k < s.length; k++) { h = (h * 31 + s.charCodeAt(k)) % 1000003; }\n"
+        '    return "js-" + h;\n'
+        "  }\n"
+        "  setTimeout(function () {\n"
+        '    var h1 = document.createElement("h1");\n'
+        '    h1.id = "page";\n'
+        '    h1.setAttribute("data-host", d.host);\n'
+        '    h1.setAttribute("data-page", String(d.page));\n'
+        '    h1.setAttribute("data-rendered", token(d.host + "/" + d.page));\n'
+        '    h1.setAttribute("data-ua", navigator.userAgent);\n'
+        '    h1.textContent = d.host + " page " + d.page;\n'
+        "    document.body.appendChild(h1);\n"
+        "    d.links.forEach(function (href) {\n"
+        '      var a = document.createElement("a");\n'
+        "      a.href = href;\n"
+        "      a.textContent = href;\n"
+        "      document.body.appendChild(a);\n"
+        "    });\n"
+        f"  }}, {delay});\n"
+        "})();\n"
+    )
+    return (
+        f"<html><head><title>{host} p {i}</title></head><body>"
+        "<noscript>This page needs JavaScript.</noscript>\n"
+        f"<script>\n{script}</script>\n</body></html>\n"
+    ).encode()
+
+
+def _render_index(host: str) -> bytes:
+    return (
+        f"<html><head><title>{host} index</title></head><body>"
+        f'<h1 id="index" data-host="{host}">{host} index</h1>\n'
+        f'<a href="/p/0">/p/0</a>\n</body></html>\n'
+    ).encode()

@@ -77,14 +77,6 @@ def test_no_frontier_module_is_over_about_500_lines() -> None:
 
 PACKAGE = FRONTIER.parent
 
-# Longer for now; delete this allow-list when the branch that splits them is merged.
-_LONG_MODULES_ALLOWED = frozenset(
-    {
-        "commands.py",  # being split in another branch
-        "monitoring.py",  # being split in another branch
-    }
-)
-
 
 def _modules() -> dict[str, Path]:
     """Every module of the package by dotted name (a package by its own name)."""
@@ -103,9 +95,7 @@ def test_no_module_of_the_package_is_over_about_500_lines() -> None:
         for path in _modules().values()
     }
     assert "config.py" in sizes and "frontier/store.py" in sizes
-    too_long = {
-        name: n for name, n in sizes.items() if n > MAX_LINES and name not in _LONG_MODULES_ALLOWED
-    }
+    too_long = {name: n for name, n in sizes.items() if n > MAX_LINES}
     assert too_long == {}, f"split these modules (about 500 lines at most): {too_long}"
 
 

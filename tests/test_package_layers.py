@@ -1,6 +1,6 @@
 """The ``scrapy frontier`` command and the monitoring extension are packages of
-small modules, one job each, that import no cycle; their public names stay where
-settings, the entry point and projects name them."""
+small modules (sizes and cycles: tests/test_layers.py); their public names stay
+where settings, the entry point and projects name them."""
 
 from __future__ import annotations
 
@@ -12,41 +12,8 @@ from pathlib import Path
 import pytest
 
 import scrapy_reliability
-from tests.test_scheduler_layers import _imports
 
 PACKAGE = Path(scrapy_reliability.__file__).parent
-MAX_LINES = 450
-
-
-def _graph(package: str) -> dict[str, set[str]]:
-    names = {
-        f"scrapy_reliability.{package}.{path.stem}": path
-        for path in sorted((PACKAGE / package).glob("*.py"))
-        if path.name != "__init__.py"
-    }
-    return {name: _imports(path) & set(names) for name, path in names.items()}
-
-
-@pytest.mark.parametrize("package", ["commands", "monitoring"])
-def test_the_modules_are_small_and_import_no_cycle(package: str) -> None:
-    graph = _graph(package)
-    assert len(graph) >= 5
-    for name in graph:
-        path = PACKAGE / package / f"{name.rsplit('.', 1)[1]}.py"
-        lines = len(path.read_text(encoding="utf-8").splitlines())
-        assert lines <= MAX_LINES, f"{path.name}: {lines} lines"
-    done: set[str] = set()
-
-    def visit(name: str, path: list[str]) -> None:
-        assert name not in path, f"import cycle: {' -> '.join([*path, name])}"
-        if name in done:
-            return
-        for imported in graph[name]:
-            visit(imported, [*path, name])
-        done.add(name)
-
-    for name in graph:
-        visit(name, [])
 
 
 @pytest.mark.parametrize("package", ["commands", "monitoring"])

@@ -169,19 +169,20 @@ _MATRIX_DIR = "crash-matrix"
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     # The controller (or a run without xdist) starts from an empty matrix.
-    if not hasattr(session.config, "workerinput") and session.config.cache is not None:
-        for old in session.config.cache.mkdir(_MATRIX_DIR).glob("*.json"):
+    cache = getattr(session.config, "cache", None)  # None under -p no:cacheprovider
+    if not hasattr(session.config, "workerinput") and cache is not None:
+        for old in cache.mkdir(_MATRIX_DIR).glob("*.json"):
             old.unlink()
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """Print the crash-point matrix when its tests ran: a row per point, a column
     per backend, and what the resumed crawl showed."""
-    if config.cache is None:
+    cache = getattr(config, "cache", None)
+    if cache is None:
         return
     rows = [
-        json.loads(path.read_text())
-        for path in sorted(config.cache.mkdir(_MATRIX_DIR).glob("*.json"))
+        json.loads(path.read_text()) for path in sorted(cache.mkdir(_MATRIX_DIR).glob("*.json"))
     ]
     if not rows:
         return

@@ -498,6 +498,170 @@ def test_host_rate_limiter(tmp_path: pathlib.Path) -> None:
         assert host1_early == [False] + [True] * 24
 
 
+BUCKET = SiteConfig(hosts=TWO_HOSTS, pages=50, host_limiter="bucket", host_rate=3)
+
+
+def hammer(site: SiteProcess, host_index: int, seconds: float) -> list[tuple[int, str | None]]:
+    """Requests as fast as one keep-alive client goes (10 ms apart), for ``seconds``;
+    the status and Retry-After of each."""
+    conn = http.client.HTTPConnection(site.hosts[host_index], site.port, timeout=10)
+    answers = []
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            conn.request("GET", f"/p/{len(answers) % 50}")
+            response = conn.getresponse()
+            response.read()
+            answers.append((response.status, response.headers["Retry-After"]))
+            time.sleep(0.01)
+    finally:
+        conn.close()
+    return answers
+
+
+def served_times(log: list[dict[str, Any]], host: str, start: float = 0.0) -> list[float]:
+    return [r["t"] for r in log if r["host"] == host and r["status"] == 200 and r["t"] >= start]
+
+
+def test_host_bucket_admits_rate_times_t_plus_burst(tmp_path: pathlib.Path) -> None:
+    config = SiteConfig(
+        hosts=TWO_HOSTS, pages=50, host_limiter="bucket", host_rate=2.5, host_burst=3
+    )
+    with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
+        answers = hammer(site, 0, 4.0)
+        assert get(site.url(1, "/p/0")).status == 200  # the limit is per host
+        log = [r for r in site.read_log() if r["host"] == "127.0.0.2"]
+    assert len(answers) >= 40, "the client did not hammer: the test proves nothing"
+    assert {a for a in answers if a[0] != 200} == {(429, "1")}
+    assert all(r["fault"] == ("host-rate" if r["status"] == 429 else None) for r in log)
+    # The site's own arrival times are its decision times: a token bucket admits at most
+    # burst + rate * span over any span, and a client this fast gets nearly all of it.
+    served = served_times(log, "127.0.0.2")
+    span = log[-1]["t"] - log[0]["t"]
+    assert 0.7 * (3 + 2.5 * span) <= len(served) <= 3 + 2.5 * span + 0.01
+    assert answers[:3] == [(200, None)] * 3  # the burst
+    assert max_per_window(served, 2.0) <= 3 + 2.5 * 2
+    # No pause: after the burst, tokens keep being handed out one by one.
+    assert len(served_times(log, "127.0.0.2", log[0]["t"] + 2.0)) >= 3
+    # Early: before the end of a Retry-After (1 s) given earlier, served or not.
+    told = [r["t"] for r in log if r["status"] == 429]
+    assert [r["early"] for r in log] == [any(t < r["t"] < t + 1 for t in told) for r in log]
+    assert not log[0]["early"]
+    assert any(r["early"] and r["status"] == 200 for r in log)  # a client that ignores it
+
+
+def test_host_bucket_client_pacing_below_the_rate_gets_no_429(tmp_path: pathlib.Path) -> None:
+    config = SiteConfig(hosts=TWO_HOSTS, pages=50, host_limiter="bucket", host_rate=5)
+    with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
+        conn = http.client.HTTPConnection(site.hosts[0], site.port, timeout=10)
+        statuses = []
+        for i in range(15):
+            conn.request("GET", f"/p/{i}")
+            response = conn.getresponse()
+            response.read()
+            statuses.append(response.status)
+            # Waiting after the answer, the next arrival is at least 0.22 s after this
+            # one (the site's period is 0.2 s), however loaded the machine is.
+            time.sleep(0.22)
+        conn.close()
+        log = site.read_log()
+    assert statuses == [200] * 15
+    assert [(r["status"], r["early"]) for r in log] == [(200, False)] * 15
+
+
+def test_host_bucket_early_flag_follows_retry_after(tmp_path: pathlib.Path) -> None:
+    config = SiteConfig(
+        hosts=TWO_HOSTS, pages=50, host_limiter="bucket", host_rate=0.5, host_retry_after=4
+    )
+    with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
+        url = site.url(0, "/p/1")
+        first, second, third = get(url), get(url), get(url)  # within 2 s: one token
+        third_done = time.time()
+        assert [first.status, second.status, third.status] == [200, 429, 429]
+        assert second.headers["Retry-After"] == third.headers["Retry-After"] == "4"
+        sleep_until(third_done + 4.05)  # honour the last Retry-After
+        assert get(url).status == 200
+        ignored = get(url)
+        ignored_done = time.time()
+        assert ignored.status == 429
+        # A token is back 2 s after the last one was taken; the 4 s have not run out.
+        sleep_until(ignored_done + 2.3)
+        assert get(url).status == 200
+        log = log_for(site, "127.0.0.2", "/p/1")
+    assert [(r["status"], r["early"]) for r in log] == [
+        (200, False),
+        (429, False),  # the first 429: nothing to honour yet
+        (429, True),
+        (200, False),
+        (429, False),
+        (200, True),  # served, yet it did not honour Retry-After
+    ]
+
+
+def test_host_rate_control_raises_the_limit_mid_run(tmp_path: pathlib.Path) -> None:
+    config = SiteConfig(hosts=TWO_HOSTS, pages=50, host_limiter="bucket", host_rate=2)
+    with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
+        hammer(site, 0, 3.0)
+        raised_at = time.time()
+        assert site.set_host_rate(6, host="127.0.0.2") == {"127.0.0.2": 6.0, "127.0.0.3": 2.0}
+        hammer(site, 0, 3.0)
+        log = [r for r in site.read_log() if r["host"] == "127.0.0.2"]
+        before = [r for r in log if r["t"] < raised_at]
+        after = [r for r in log if r["t"] >= raised_at]
+        slow = served_times(before, "127.0.0.2")
+        fast = served_times(after, "127.0.0.2")
+        slow_span = before[-1]["t"] - before[0]["t"]
+        fast_span = after[-1]["t"] - raised_at
+        assert len(slow) <= 1 + 2 * slow_span + 0.01
+        # Far above what the old limit allowed, and within the new one.
+        assert 0.6 * 6 * fast_span <= len(fast) <= 1 + 6 * fast_span + 0.01
+        assert any(r["status"] == 429 for r in after)  # still limited, only higher
+
+        assert site.set_host_rate(2.5) == {"127.0.0.2": 2.5, "127.0.0.3": 2.5}
+        direct = get(site.url(1, "/_control/host-rate?rate=4&host=127.0.0.3"))
+        assert direct.status == 200
+        assert json.loads(direct.body) == {
+            "limiter": "bucket",
+            "host_rates": {"127.0.0.2": 2.5, "127.0.0.3": 4.0},
+        }
+        for query in (
+            "",
+            "?rate=",
+            "?rate=abc",
+            "?rate=0",
+            "?rate=-1",
+            "?rate=inf",
+            "?rate=nan",
+            "?rate=1&rate=2",
+            "?rate=1&host=127.0.0.9",
+            "?rate=1&hosts=127.0.0.2",
+        ):
+            assert get(site.url(0, f"/_control/host-rate{query}")).status == 400, query
+        with pytest.raises(ValueError, match="unknown host"):
+            site.set_host_rate(3, host="127.0.0.9")
+        with pytest.raises(ValueError, match="> 0"):
+            site.set_host_rate(0)
+        assert site.set_host_rate(1)["127.0.0.3"] == 1.0
+        # Control requests are not page requests: the log holds the hammering only.
+        assert len(site.read_log()) == len(log)
+
+
+def test_host_rate_control_of_the_window_limiter(tmp_path: pathlib.Path) -> None:
+    config = SiteConfig(hosts=TWO_HOSTS, pages=50, retry_after=1)  # no limit at start
+    with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
+        assert [get(site.url(0, f"/p/{i}")).status for i in range(6)] == [200] * 6
+        with pytest.raises(ValueError, match="whole number"):
+            site.set_host_rate(2.5)
+        assert get(site.url(0, "/_control/host-rate?rate=2.5")).status == 400
+        assert site.set_host_rate(2, host="127.0.0.2") == {"127.0.0.2": 2.0, "127.0.0.3": 0.0}
+        statuses = [get(site.url(0, f"/p/{i}")) for i in range(4)]
+        assert [r.status for r in statuses] == [200, 200, 429, 429]
+        assert statuses[2].headers["Retry-After"] == "1"  # the window's --retry-after
+        assert [get(site.url(1, f"/p/{i}")).status for i in range(6)] == [200] * 6
+        assert site.set_host_rate(3.0)["127.0.0.3"] == 3.0
+        assert [get(site.url(1, f"/p/{i}")).status for i in range(4)] == [200] * 3 + [429]
+
+
 def test_log_records_page_requests_only(tmp_path: pathlib.Path) -> None:
     with SiteProcess(SiteConfig(hosts=TWO_HOSTS, pages=10), log_path=tmp_path / "l.jsonl") as site:
         before = time.time()
@@ -568,6 +732,44 @@ def test_config_argv_round_trip_and_validation() -> None:
     for bad in ({"faults": ("bogus",)}, {"fault_rate": 1.5}, {"hosts": ()}, {"outage_start": 1.0}):
         with pytest.raises(ValueError):
             SiteConfig(**bad)
+
+
+def test_config_host_limiter_options_and_validation() -> None:
+    assert (SiteConfig().host_limiter, SiteConfig().host_burst, SiteConfig().host_retry_after) == (
+        "window",
+        1.0,
+        1,
+    )
+    window = SiteConfig(port=8123, host_rate=5)
+    assert not any(a.startswith(("--host-limiter", "--host-burst")) for a in window.argv())
+    assert "--host-rate=5" in window.argv()  # the window's command line is as before
+    bucket = SiteConfig(
+        port=8123, host_limiter="bucket", host_rate=2.5, host_burst=3.5, host_retry_after=0
+    )
+    assert parse_args(bucket.argv()) == bucket
+    assert parse_args(["--port=1", "--host-limiter=bucket", "--host-rate=0.5"]) == SiteConfig(
+        port=1, host_limiter="bucket", host_rate=0.5
+    )
+    assert SiteConfig(host_rate=4.0) == SiteConfig(host_rate=4)  # whole floats are fine
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"host_limiter": "leaky"}, "host_limiter must be one of window, bucket"),
+        ({"host_rate": 2.5}, "whole number"),
+        ({"host_rate": -1}, ">= 0"),
+        ({"host_limiter": "bucket"}, "> 0"),  # a bucket needs a rate
+        ({"host_limiter": "bucket", "host_rate": float("inf")}, "finite"),
+        ({"host_limiter": "bucket", "host_rate": float("nan")}, "finite"),
+        ({"host_limiter": "bucket", "host_rate": 1, "host_burst": 0.5}, "host_burst"),
+        ({"host_limiter": "bucket", "host_rate": 1, "host_retry_after": -1}, "host_retry_after"),
+        ({"host_limiter": "bucket", "host_rate": 1, "host_retry_after": 1.5}, "whole"),
+        ({"host_rate": 3, "host_burst": 2}, "bucket' only"),
+        ({"host_rate": 3, "host_retry_after": 2}, "bucket' only"),
+    ]
+    for kwargs, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            SiteConfig(**kwargs)
+    for argv in (["--host-rate=2.5"], ["--host-limiter=leaky"], ["--host-rate=x"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--port=1", *argv])
 
 
 def test_cli_rejects_port_zero() -> None:

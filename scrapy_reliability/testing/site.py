@@ -7,7 +7,8 @@ Run it as a subprocess::
 or through :class:`SiteProcess` from Python. Standard library only (asyncio streams).
 This module is the command line and the names tests import; the site itself is
 ``site_config.py`` (options, faults, links, pages), ``site_server.py`` (the asyncio
-server) and ``site_process.py`` (the subprocess, a free port, the log).
+server), ``site_limiter.py`` (the per-host rate limiters) and ``site_process.py`` (the
+subprocess, a free port, the log, the control endpoints).
 
 Contracts
 ---------
@@ -36,6 +37,30 @@ Contracts
   null for a TCP reset; ``fault`` names what shaped this response (a fault kind,
   ``"outage"`` or ``"host-rate"``), null for a normal response; ``early`` is true for a
   request that arrived while a Retry-After pause it must honour was still running.
+* The host rate limiter (``--host-rate R``, 0: off; per host, decided at arrival with
+  ``t`` as the time). ``--host-limiter window`` (the default): at most R requests
+  (whole) in any trailing second, so a burst of R passes; the request above it gets
+  429 with ``Retry-After: --retry-after`` and starts a pause of that many seconds in
+  which every request of the host gets the same 429 (``early`` true) without
+  extending it. ``--host-limiter bucket``: a token bucket of ``--host-burst`` tokens
+  (default 1) refilled continuously at R > 0 tokens/s (R may be fractional); a request
+  that finds a token takes it and goes on to routing, one that finds none gets 429
+  with ``Retry-After: --host-retry-after`` (default 1). There is no pause: each
+  request is decided alone, so a client that ignores Retry-After just draws more
+  429s; ``early`` is true for any request of the host (served or not) that arrives
+  before the latest Retry-After the host gave ran out, counted from the 429's arrival.
+  Both log 429s as ``"fault": "host-rate"``.
+* Control endpoints (on every host; never logged, never limited, never in outage):
+  ``/_control/health`` answers ``ok``; ``/_control/stats`` JSON ``{"requests",
+  "by_status"}`` (page requests so far); ``/_control/outage?seconds=D`` starts an
+  outage of D >= 0 seconds now, answering ``{"outage_seconds": D}``;
+  ``/_control/host-rate?rate=R[&host=H]`` sets the limiter's rate of host H (every
+  host without ``host``) from now on (bucket tokens earned so far are kept; a window
+  pause running keeps its end), answering ``{"limiter", "host_rates": {host: rate}}``.
+  R must be a finite number > 0, whole for ``window``; on a site started with
+  ``--host-rate 0`` it turns the limit on for those hosts. Bad values (a missing,
+  repeated or unknown parameter, a bad rate, an unknown host) answer 400 with the
+  reason as text. :meth:`SiteProcess.set_host_rate` calls it.
 * JavaScript pages (``--js-pages N``, off by default): every page ``i`` with
   ``i % N == 0`` is served as a page whose heading and links exist only once its
   script has run, ``--js-delay-ms`` after it starts (see :func:`is_js_page`). The
@@ -58,6 +83,7 @@ from collections.abc import Sequence
 from scrapy_reliability.testing.site_config import (
     DEFAULT_HOSTS,
     FAULT_KINDS,
+    LIMITER_KINDS,
     SiteConfig,
     is_js_page,
     js_token,
@@ -70,6 +96,7 @@ from scrapy_reliability.testing.site_server import _serve_forever
 __all__ = [
     "DEFAULT_HOSTS",
     "FAULT_KINDS",
+    "LIMITER_KINDS",
     "SiteConfig",
     "SiteProcess",
     "free_port",
@@ -90,6 +117,17 @@ def _port(text: str) -> int:
             "port must be 1..65535 (0 is not allowed: all hosts share it)"
         )
     return value
+
+
+def _rate(text: str) -> float:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -115,7 +153,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-seconds", type=float, default=d.slow_seconds, help="slow delay")
     p.add_argument("--outage-start", type=float, default=None, help="seconds after READY")
     p.add_argument("--outage-seconds", type=float, default=d.outage_seconds, help="length")
-    p.add_argument("--host-rate", type=int, default=d.host_rate, help="max/s per host (0 off)")
+    p.add_argument("--host-rate", type=_rate, default=d.host_rate, help="per host/s (0 off)")
+    p.add_argument("--host-limiter", choices=LIMITER_KINDS, default=d.host_limiter)
+    p.add_argument("--host-burst", type=float, default=d.host_burst, help="bucket tokens")
+    p.add_argument(
+        "--host-retry-after", type=int, default=d.host_retry_after, help="bucket's 429 seconds"
+    )
     p.add_argument("--log", type=pathlib.Path, default=None, help="JSON-lines request log")
     p.add_argument("--js-pages", type=int, default=d.js_pages, help="every Nth page by script")
     p.add_argument("--js-delay-ms", type=float, default=d.js_delay_ms, help="script's delay")

@@ -7,14 +7,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import pathlib
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
+
+LimiterKind = Literal["window", "bucket"]
 
 FAULT_KINDS: Final[tuple[str, ...]] = ("500x3", "429", "reset", "truncate", "slow", "404")
 """Every fault kind, in canonical order (the order :func:`page_fault` chooses among)."""
 
 DEFAULT_HOSTS: Final[tuple[str, ...]] = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+
+LIMITER_KINDS: Final[tuple[LimiterKind, ...]] = ("window", "bucket")
+"""The per-host limiters of ``--host-limiter`` (see :mod:`scrapy_reliability.testing.site`)."""
+
+
+def host_rate_error(kind: str, rate: float, *, allow_off: bool) -> str | None:
+    """Why ``rate`` is not a valid per-host rate for limiter ``kind``; None if it is.
+
+    A ``window`` rate is a whole number of requests per trailing second, a ``bucket``
+    rate any finite number of requests per second above 0. ``allow_off`` admits 0 (no
+    limit), which only ``--host-rate`` of the window limiter means.
+    """
+    if not math.isfinite(rate) or rate < 0 or (rate == 0 and not allow_off):
+        low = ">= 0 (0: no limit)" if allow_off else "> 0"
+        return f"host rate must be a finite number {low}, not {rate!r}"
+    if kind == "window" and not float(rate).is_integer():
+        return f"host rate of the window limiter must be a whole number, not {rate!r}"
+    return None
 
 
 def _stable_hash(*parts: object) -> int:
@@ -32,8 +53,11 @@ class SiteConfig:
     :data:`FAULT_KINDS` order without duplicates, so the order given does not matter.
     ``outage_start``/``outage_seconds`` schedule one outage relative to READY; both or
     neither must be set. ``log`` is the JSON-lines request log, or None for no log.
-    ``js_pages``/``js_delay_ms``: JavaScript pages (0: none). Invalid values raise
-    ValueError.
+    ``js_pages``/``js_delay_ms``: JavaScript pages (0: none). ``host_limiter`` chooses
+    the per-host limiter: ``window`` (``host_rate`` whole, 0: none; a 429 pauses the
+    host for ``retry_after``) or ``bucket`` (``host_rate`` > 0 tokens/s, ``host_burst``
+    tokens, ``Retry-After: host_retry_after``; ``host_burst`` and ``host_retry_after``
+    are for the bucket only). Invalid values raise ValueError.
     """
 
     port: int = 0
@@ -50,7 +74,10 @@ class SiteConfig:
     slow_seconds: float = 4.0
     outage_start: float | None = None
     outage_seconds: float = 0.0
-    host_rate: int = 0
+    host_rate: float = 0
+    host_limiter: LimiterKind = "window"
+    host_burst: float = 1.0
+    host_retry_after: int = 1
     log: pathlib.Path | None = None
     js_pages: int = 0
     js_delay_ms: float = 0.0
@@ -77,8 +104,9 @@ class SiteConfig:
             raise ValueError("fault_rate must be within [0, 1]")
         if self.retry_after < 1:
             raise ValueError("retry_after must be >= 1 second")
-        if self.slow_times < 0 or self.host_rate < 0:
-            raise ValueError("slow_times and host_rate must be >= 0")
+        if self.slow_times < 0:
+            raise ValueError("slow_times must be >= 0")
+        self._check_host_limiter()
         if min(self.latency_ms, self.slow_seconds, self.outage_seconds) < 0:
             raise ValueError("latency_ms, slow_seconds and outage_seconds must be >= 0")
         if self.crawl_delay is not None and self.crawl_delay < 0:
@@ -89,6 +117,26 @@ class SiteConfig:
             raise ValueError("outage_start must be >= 0")
         if self.js_pages < 0 or self.js_delay_ms < 0:
             raise ValueError("js_pages and js_delay_ms must be >= 0")
+
+    def _check_host_limiter(self) -> None:
+        kind = self.host_limiter
+        if kind not in LIMITER_KINDS:
+            raise ValueError(f"host_limiter must be one of {', '.join(LIMITER_KINDS)}: {kind!r}")
+        error = host_rate_error(kind, self.host_rate, allow_off=kind == "window")
+        if error is not None:
+            raise ValueError(f"{error} (host_limiter={kind!r})")
+        if not (math.isfinite(self.host_burst) and self.host_burst >= 1):
+            raise ValueError(f"host_burst must be a finite number >= 1, not {self.host_burst!r}")
+        if not (self.host_retry_after >= 0 and float(self.host_retry_after).is_integer()):
+            raise ValueError(
+                f"host_retry_after must be a whole number of seconds >= 0, "
+                f"not {self.host_retry_after!r}"
+            )
+        if kind == "window" and (self.host_burst != 1 or self.host_retry_after != 1):
+            raise ValueError(
+                "host_burst and host_retry_after are for host_limiter='bucket' only "
+                "(the window limiter pauses a host for retry_after)"
+            )
 
     def argv(self) -> list[str]:
         """Command-line arguments that make the site run with exactly this config.
@@ -111,8 +159,14 @@ class SiteConfig:
             f"--retry-after={self.retry_after}",
             f"--slow-times={self.slow_times}",
             f"--slow-seconds={self.slow_seconds!r}",
-            f"--host-rate={self.host_rate}",
+            f"--host-rate={self.host_rate!r}",
         ]
+        if self.host_limiter != "window":
+            args += [
+                f"--host-limiter={self.host_limiter}",
+                f"--host-burst={self.host_burst!r}",
+                f"--host-retry-after={self.host_retry_after}",
+            ]
         if self.crawl_delay is not None:
             args.append(f"--crawl-delay={self.crawl_delay!r}")
         if self.outage_start is not None:

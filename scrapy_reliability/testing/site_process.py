@@ -5,6 +5,7 @@ the log shows in any window of time."""
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import os
 import pathlib
@@ -16,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from typing import IO, TYPE_CHECKING, Any, Final
+from urllib.parse import urlencode
 
 from scrapy_reliability.testing.site_config import DEFAULT_HOSTS, SiteConfig
 from scrapy_reliability.testing.site_server import EXIT_BIND_FAILED
@@ -189,6 +191,35 @@ class SiteProcess:
         return [
             self.url(k, f"/p/{i}") for k in range(len(self.hosts)) for i in range(self.config.pages)
         ]
+
+    def set_host_rate(self, rate: float, host: str | None = None) -> dict[str, float]:
+        """Set the host limiter's rate of ``host`` (every host if None) from now on.
+
+        Calls ``/_control/host-rate?rate=R[&host=H]`` (see the contracts); returns every
+        host's rate as the site answered. Raises ValueError with the site's reason if it
+        refuses the value (400), RuntimeError if the site is not running or fails.
+        """
+        params = {"rate": repr(rate)} if host is None else {"rate": repr(rate), "host": host}
+        status, body = self.control("/_control/host-rate?" + urlencode(params))
+        if status == 400:
+            raise ValueError(f"site refused host rate {rate!r}: {body.decode().strip()}")
+        if status != 200:
+            raise RuntimeError(f"/_control/host-rate answered {status}: {body!r}")
+        rates: dict[str, float] = json.loads(body)["host_rates"]
+        return rates
+
+    def control(self, target: str, timeout: float = 10.0) -> tuple[int, bytes]:
+        """GET ``target`` (e.g. ``/_control/outage?seconds=2``) from the first host;
+        returns the status and body. Raises RuntimeError if the site is not running."""
+        if self.process is None or self.process.poll() is not None:
+            raise RuntimeError("the site is not running")
+        conn = http.client.HTTPConnection(self.hosts[0], self.port, timeout=timeout)
+        try:
+            conn.request("GET", target)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
 
     def read_log(self) -> list[dict[str, Any]]:
         """Every complete line of the request log, parsed; [] if it does not exist yet."""

@@ -29,6 +29,7 @@ from scrapy_reliability.testing.site_config import (
     is_js_page,
     page_fault,
 )
+from scrapy_reliability.testing.site_limiter import HostLimiter
 
 EXIT_BIND_FAILED: Final[int] = 3
 _ERRORS_500_TIMES: Final[int] = 3
@@ -123,10 +124,7 @@ class _Site:
         self.hits: collections.Counter[tuple[str, str]] = collections.Counter()
         self.pause_429: dict[tuple[str, str], float] = {}
         self.done_429: set[tuple[str, str]] = set()
-        self.host_pause: dict[str, float] = {}
-        self.host_served: dict[str, collections.deque[float]] = {
-            h: collections.deque() for h in config.hosts
-        }
+        self.limiter = HostLimiter(config)
         self.requests = 0
         self.by_status: collections.Counter[str] = collections.Counter()
         self.writers: set[asyncio.StreamWriter] = set()
@@ -246,22 +244,15 @@ class _Site:
         plan: _Plan
         if any(begin <= now < end for begin, end in self.outages):
             plan, fault = _Plan(503, b"outage\n"), "outage"
-        elif self.config.host_rate and (limited := self._host_limited(host, arrival)) is not None:
-            retry = (("Retry-After", str(self.config.retry_after)),)
-            plan, fault, early = (
-                _Plan(429, b"host rate limit\n", headers=retry),
-                "host-rate",
-                limited,
-            )
-        elif path == "/":
-            plan = _Plan(200, self._indexes[host], _HTML)
-        elif path.startswith("/r/"):
-            # A permanent redirect to the path after /r, e.g. /r/p/5 -> /p/5.
-            plan = _Plan(301, b"moved\n", headers=(("Location", path[2:]),))
-        elif page is None:
-            plan = _Plan(404, b"not found\n")
         else:
-            plan, fault, early = self._page(host, path, page, arrival)
+            limited, early = self.limiter.check(host, arrival)
+            if limited:
+                retry = (("Retry-After", str(self.limiter.retry_after)),)
+                plan = _Plan(429, b"host rate limit\n", headers=retry)
+                fault = "host-rate"
+            else:
+                plan, fault, page_early = self._route(host, path, page, arrival)
+                early = early or page_early
         plan.delay += self.latency
         self._record(
             arrival=arrival,
@@ -275,19 +266,17 @@ class _Site:
         )
         return plan
 
-    def _host_limited(self, host: str, now: float) -> bool | None:
-        """None if the request may pass (and is counted); else whether it was early."""
-        if now < self.host_pause.get(host, 0.0):
-            return True  # arrived during the pause: answered 429, pause not extended
-        served = self.host_served[host]
-        cutoff = now - 1.0
-        while served and served[0] <= cutoff:
-            served.popleft()
-        if len(served) >= self.config.host_rate:
-            self.host_pause[host] = now + self.config.retry_after
-            return False
-        served.append(now)
-        return None
+    def _route(
+        self, host: str, path: str, page: int | None, arrival: float
+    ) -> tuple[_Plan, str | None, bool]:
+        if path == "/":
+            return _Plan(200, self._indexes[host], _HTML), None, False
+        if path.startswith("/r/"):
+            # A permanent redirect to the path after /r, e.g. /r/p/5 -> /p/5.
+            return _Plan(301, b"moved\n", headers=(("Location", path[2:]),)), None, False
+        if page is None:
+            return _Plan(404, b"not found\n"), None, False
+        return self._page(host, path, page, arrival)
 
     def _page(self, host: str, path: str, i: int, arrival: float) -> tuple[_Plan, str | None, bool]:
         key = (host, i)
@@ -391,6 +380,12 @@ class _Site:
             now = time.monotonic()
             self.outages.append((now, now + seconds))
             return _Plan(200, json.dumps({"outage_seconds": seconds}).encode(), _JSON)
+        if path == "/_control/host-rate":
+            try:
+                answer = self.limiter.control(query, time.time())
+            except ValueError as exc:
+                return _Plan(400, f"{exc}\n".encode())
+            return _Plan(200, json.dumps(answer).encode(), _JSON)
         return _Plan(404, b"unknown control endpoint\n")
 
 

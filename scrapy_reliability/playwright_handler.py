@@ -228,9 +228,14 @@ class PlaywrightDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignor
         )
 
     def _close_later(self, page: Any) -> None:
+        # In the loop the page lives in (scrapy-playwright's own thread on Windows;
+        # there, cancelling does not reach the download either: it is only dropped).
+        in_its_loop = getattr(self, "_maybe_future_from_coro", None)
+
         async def close() -> None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(page.close(), CLOSE_PAGE_SECONDS)
+                closing = in_its_loop(page.close()) if in_its_loop else page.close()
+                await asyncio.wait_for(closing, CLOSE_PAGE_SECONDS)
 
         task = asyncio.ensure_future(close())
         self._closing.add(task)

@@ -14,6 +14,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Awaitable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -236,6 +237,7 @@ def bare_handler(timeout: float | None = None) -> PlaywrightDownloadHandler:
     handler._grace = 30.0
     handler._pages = weakref.WeakKeyDictionary()
     handler._closing = set()
+    handler.config = SimpleNamespace(use_threaded_loop=False)  # scrapy-playwright's
     return handler
 
 

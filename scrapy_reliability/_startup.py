@@ -52,11 +52,13 @@ def reported(crawler: Crawler | None) -> Iterator[None]:
 def check_settings(settings: BaseSettings) -> Config:
     """Every setting parsed and checked now (:class:`SettingError` names the bad one)."""
     from scrapy_reliability.middlewares import BanDetector
+    from scrapy_reliability.playwright import watchdog_timeout
     from scrapy_reliability.retry import RetryPolicy
 
     config = Config.from_settings(settings)
     RetryPolicy.from_settings(settings)
     BanDetector.from_settings(settings)
+    watchdog_timeout(settings)
     return config
 
 

@@ -27,7 +27,10 @@ class Addon:
     False`` keeps Scrapy's). Scrapy's redirect middleware keeps working on top:
     a redirected request is the same frontier row, sent back to pending.
     It also enables :class:`scrapy_reliability.monitoring.CrawlMonitor` (JSON
-    logs, the periodic frontier summary, Prometheus metrics).
+    logs, the periodic frontier summary, Prometheus metrics), and where
+    ``DOWNLOAD_HANDLERS`` names scrapy-playwright's handler it puts
+    :class:`scrapy_reliability.playwright_handler.PlaywrightDownloadHandler` there
+    instead: the same handler, whose browser requests always come back.
 
     Before Scrapy builds its engine it checks every setting and opens the
     frontier once: a crawl that cannot start ends with one ERROR line and exit
@@ -47,6 +50,7 @@ class Addon:
         if bool_setting(settings, "RELIABILITY_RETRY_ENABLED", True):
             self._replace_retry_middleware(settings)
         self._enable_monitor(settings)
+        self._watch_browser_downloads(settings)
         # What can keep the crawl from starting fails now, before Scrapy builds its
         # engine, in one line naming the setting or the database and what to do.
         with _startup.reported(self.crawler):
@@ -55,6 +59,13 @@ class Addon:
                 # As early as an add-on can: every later line of the crawl log is JSON.
                 install_json_logs(self.crawler)
             _startup.check_frontier(self.crawler, settings, config)
+
+    @staticmethod
+    def _watch_browser_downloads(settings: BaseSettings) -> None:
+        """scrapy-playwright's handler, where configured, with a download watchdog."""
+        from scrapy_reliability.playwright import install_handler
+
+        install_handler(settings)
 
     @staticmethod
     def _enable_monitor(settings: BaseSettings) -> None:

@@ -25,7 +25,10 @@ behaves the same when it is rebuilt, after a restart or a ``kill -9`` too:
 This module registers its codecs into :mod:`scrapy_reliability.serialization`
 (:func:`register_codecs`), which names it only as a plugin path and calls it the
 first time it meets a Playwright value or a ``playwright*`` meta key; nothing happens
-at import.
+at import. It also reads the browser download watchdog's setting
+(:func:`watchdog_timeout`), checked at startup, and puts the watchdog,
+:class:`scrapy_reliability.playwright_handler.PlaywrightDownloadHandler`, in place of
+scrapy-playwright's handler (:func:`install_handler`, called by the add-on).
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ import weakref
 from typing import Any
 
 from scrapy import Request
+from scrapy.settings import BaseSettings
 from scrapy.utils.misc import load_object
 
+from scrapy_reliability.config import MAX_SECONDS, SettingError, nonnegative_float
 from scrapy_reliability.serialization import (
     CorruptPayload,
     MissingCallback,
@@ -47,6 +52,13 @@ from scrapy_reliability.serialization import (
     register_codec,
     register_meta_preparer,
 )
+
+#: Seconds a browser request may spend in scrapy-playwright's download handler.
+TIMEOUT_SETTING = "RELIABILITY_PLAYWRIGHT_TIMEOUT_SECONDS"
+#: Where scrapy-playwright's handler is named in ``DOWNLOAD_HANDLERS``.
+SCRAPY_PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+#: The same handler with the download watchdog, put in its place by the add-on.
+HANDLER = "scrapy_reliability.playwright_handler.PlaywrightDownloadHandler"
 
 PAGE_METHOD_TAG = "playwright.PageMethod"
 PAGE_TAG = "playwright.Page"
@@ -186,3 +198,55 @@ def storable_meta(meta: dict[str, Any], spider: Any, request: Request) -> dict[s
             )
         meta["playwright_page_init_callback"] = path
     return meta
+
+
+def watchdog_timeout(settings: BaseSettings) -> float | None:
+    """``RELIABILITY_PLAYWRIGHT_TIMEOUT_SECONDS``: how long a browser request may take
+    in the download handler before it is abandoned, or None (unset) for the request's
+    ``download_timeout`` (``DOWNLOAD_TIMEOUT``). :class:`SettingError` for anything but
+    a number of seconds greater than 0 and at most a day."""
+    raw = settings.get(TIMEOUT_SETTING)
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    try:
+        value = nonnegative_float(settings, TIMEOUT_SETTING, 0.0, maximum=MAX_SECONDS)
+    except SettingError:
+        value = 0.0
+    if value == 0:
+        raise SettingError(
+            f"{TIMEOUT_SETTING} must be a number of seconds greater than 0 and at most "
+            f"{MAX_SECONDS:.0f}, or unset to use DOWNLOAD_TIMEOUT (got {raw!r:.80})."
+        )
+    return value
+
+
+def install_handler(settings: BaseSettings) -> list[str]:
+    """Put :data:`HANDLER` (scrapy-playwright's handler with the download watchdog)
+    wherever ``DOWNLOAD_HANDLERS`` names scrapy-playwright's handler, at that entry's
+    own priority (the project's choice of schemes stays). Returns the schemes changed.
+    A subclass of scrapy-playwright's handler is left as it is (it gets the watchdog
+    by subclassing ours)."""
+    handlers = settings.get("DOWNLOAD_HANDLERS")
+    if isinstance(handlers, BaseSettings):
+        changed = [s for s in handlers if _is_scrapy_playwright(handlers[s])]
+        for scheme in changed:
+            handlers.set(scheme, HANDLER, handlers.getpriority(scheme) or 0)
+        return changed
+    table = settings.getdict("DOWNLOAD_HANDLERS")
+    changed = [s for s in table if _is_scrapy_playwright(table[s])]
+    if changed:
+        table.update(dict.fromkeys(changed, HANDLER))
+        priority = settings.getpriority("DOWNLOAD_HANDLERS") or 0
+        settings.set("DOWNLOAD_HANDLERS", table, priority=priority)
+    return changed
+
+
+def _is_scrapy_playwright(value: Any) -> bool:
+    name = value if isinstance(value, str) else _qualified_name(value)
+    return name == SCRAPY_PLAYWRIGHT_HANDLER
+
+
+def _qualified_name(value: Any) -> str | None:
+    if not isinstance(value, type):
+        return None
+    return f"{value.__module__}.{value.__qualname__}"

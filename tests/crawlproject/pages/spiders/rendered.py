@@ -7,6 +7,10 @@ script's heading and then mark it (``data-pm``). Their items carry what only the
 browser could see: the script's token, ``navigator.userAgent`` and the page
 methods' mark. With ``-a live_page=1`` they also ask for the live page
 (``playwright_include_page``) and read the heading through it in the callback.
+With ``-a hang_once=1`` the first fetch of each of them in a process never ends: a
+page method (a spider method, stored by name) awaits a script that never resolves,
+and only a watchdog brings the request back. At close the spider logs how many of
+those pages were closed.
 
 Run it with scrapy-playwright's download handler (``DOWNLOAD_HANDLERS``) and
 ``PLAYWRIGHT_LAUNCH_OPTIONS``: the tests pass them with ``-s``.
@@ -35,6 +39,7 @@ class RenderedSpider(scrapy.Spider):
         browser_every: str = "4",
         live_page: str = "",
         wait_ms: str = "60000",
+        hang_once: str = "",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -42,6 +47,8 @@ class RenderedSpider(scrapy.Spider):
         self.browser_every = int(browser_every)
         self.live_page = bool(live_page)
         self.wait_ms = int(wait_ms)
+        self.hang_once = bool(hang_once)
+        self.hung: dict[str, Any] = {}  # URL -> the page whose script never resolved
 
     async def start(self) -> AsyncIterator[Any]:
         for url in self.start_urls:
@@ -89,6 +96,22 @@ class RenderedSpider(scrapy.Spider):
                 PageMethod("evaluate", _MARK, int(found.group(1))),
             ],
         }
+        if self.hang_once:
+            meta["playwright_page_methods"].insert(0, PageMethod(self.hang_the_first_time))
         if self.live_page:
             meta["playwright_include_page"] = True
         return scrapy.Request(url, callback=self.parse_rendered, meta=meta)
+
+    async def hang_the_first_time(self, page: Any) -> None:
+        """A page method: the first time for a URL, wait for a script that never
+        resolves (Playwright's evaluate has no timeout)."""
+        if page.url in self.hung:
+            return
+        self.hung[page.url] = page
+        self.logger.info("Hanging on %s", page.url)
+        await page.evaluate("() => new Promise(() => {})")
+
+    def closed(self, reason: str) -> None:
+        if self.hang_once:
+            shut = sum(1 for page in self.hung.values() if page.is_closed())
+            self.logger.info("Hung pages closed: %d of %d", shut, len(self.hung))

@@ -42,7 +42,6 @@ from scrapy import Request
 from scrapy.settings import BaseSettings
 from scrapy.utils.misc import load_object
 
-from scrapy_reliability.config import MAX_SECONDS, SettingError, nonnegative_float
 from scrapy_reliability.serialization import (
     CorruptPayload,
     MissingCallback,
@@ -52,6 +51,7 @@ from scrapy_reliability.serialization import (
     register_codec,
     register_meta_preparer,
 )
+from scrapy_reliability.settings_values import MAX_SECONDS, SettingError, nonnegative_float
 
 #: Seconds a browser request may spend in scrapy-playwright's download handler.
 TIMEOUT_SETTING = "RELIABILITY_PLAYWRIGHT_TIMEOUT_SECONDS"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from scrapy.settings import BaseSettings
 
+from scrapy_reliability.frontier.adaptive import AdaptiveParams
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 from scrapy_reliability.settings_values import (
     MAX_COUNT,
@@ -26,6 +27,7 @@ from scrapy_reliability.settings_values import (
     _mapping,
     _nonnegative_int,
     _shown,
+    bool_setting,
     nonnegative_float,
     positive_int,
 )
@@ -160,12 +162,25 @@ def _politeness(settings: BaseSettings) -> tuple[Politeness, LimitsOrigin]:
         default=default,
         overrides=overrides,
         jitter=jitter,
+        adaptive=_adaptive(settings),
         slow_start=nonnegative_float(
             settings, "RELIABILITY_DOMAIN_SLOW_START_SECONDS", 0.0, maximum=MAX_SECONDS
         ),
         per_worker=per_worker,
     )
     return policy, LimitsOrigin(rate_from, concurrency_from, tuple(sources))
+
+
+def _adaptive(settings: BaseSettings) -> AdaptiveParams | None:
+    """RELIABILITY_ADAPTIVE_RATE and its one tunable: the longest hold between probes."""
+    if not bool_setting(settings, "RELIABILITY_ADAPTIVE_RATE", True):
+        return None
+    name = "RELIABILITY_ADAPTIVE_PROBE_MAX_SECONDS"
+    longest = nonnegative_float(settings, name, 180.0, maximum=MAX_SECONDS)
+    shortest = AdaptiveParams().probe_min_interval
+    if longest < shortest:
+        raise _error(name, f"a number of seconds from {shortest:g} to {MAX_SECONDS:g}", longest)
+    return AdaptiveParams(probe_max_interval=longest)
 
 
 def _project_set(settings: BaseSettings, name: str) -> bool:

@@ -90,7 +90,7 @@ class RetryMiddleware:
             self.stats.inc_value(f"reliability/ban/{ban}")
             logger.warning(
                 "Ban signal from %(domain)s (%(signal)s on %(url)s): pausing the domain for "
-                "%(s).0f s for every worker and halving its rate",
+                "%(s).0f s for every worker and lowering its rate",
                 {
                     "domain": urlparse_cached(request).hostname,
                     "signal": ban,
@@ -180,7 +180,7 @@ class RetryMiddleware:
                 # Retry-After pauses the whole domain, for every worker (the same
                 # moment as this retry's not_before: one mechanism, not two).
                 "pause_until": not_before if retry_after is not None else None,
-                # A 429 halves the domain's adaptive rate.
+                # A 429 teaches the domain's adaptive rate a limit.
                 "slow_down": slow_down or status == 429,
             }
             retry.meta[RETRY_META] = retry_meta
@@ -194,6 +194,8 @@ class RetryMiddleware:
             "error_class": cls,
             "status": status,
             "error": f"{error}; {decision.reason}",
+            # The last 429 of a request that gives up is a throttle all the same.
+            "slow_down": slow_down or status == 429,
         }
         request.meta[FAILURE_META] = failure
         return None

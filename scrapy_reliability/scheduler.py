@@ -261,8 +261,11 @@ class Scheduler(BaseScheduler):
         if self._politeness.paused:
             claims.ready = self._outcomes.return_paused(claims.ready)
         slots, per_domain = engine.download_slots(self.crawler)
-        request = self._politeness.pick(claims.ready, self._leases, slots, per_domain)
+        now = self._ctx.clock.seconds()
+        request = self._politeness.pick(claims.ready, self._leases, slots, per_domain, now)
         if request is None:
+            if self._politeness.held_until:
+                claims.wake_engine_at(self._politeness.held_until)
             if len(claims.ready) < 2 * self.claim_batch and not self._ctx.closing:
                 # The buffer is empty, or what it holds waits (busy download slots,
                 # robots.txt): claim more.

@@ -458,6 +458,20 @@ def test_a_throttle_at_the_settled_rate_backs_off_harder() -> None:
     assert lower.rate == pytest.approx(0.7 * 2.7)
 
 
+def test_a_lone_throttle_at_the_settled_rate_only_nudges_the_limit() -> None:
+    """Long after the last decrease, one 429 at the settled rate (two requests the
+    network bunched, or a limit a little lower): 5% off the limit, no spiral down;
+    a second one soon after backs off harder."""
+    s = AdaptiveState(rate=2.7, limit=3.0, last_decrease_at=10.0, probe_interval=60.0,
+                      next_probe_at=70.0)  # fmt: skip
+    nudged = on_throttle(s, 45.0, PARAMS, ceiling=4.0, sent_at=44.0)
+    assert nudged.limit == pytest.approx(0.95 * 3.0)
+    assert nudged.rate == pytest.approx(0.9 * 0.95 * 3.0)
+    assert (nudged.probe_interval, nudged.next_probe_at) == (60.0, 105.0)
+    again = on_throttle(nudged, 50.0, PARAMS, ceiling=4.0, sent_at=49.0)
+    assert again.rate == pytest.approx(0.7 * nudged.rate)
+
+
 def test_resume_holds_before_probing() -> None:
     s = AdaptiveState(rate=2.7, limit=3.0, last_decrease_at=500.0, probe_interval=180.0,
                       next_probe_at=680.0)  # fmt: skip

@@ -207,6 +207,9 @@ def test_autothrottle_on_leaves_the_rate_to_it_and_reliability_settings_win():
 # -- every setting validated ------------------------------------------------------------------
 
 
+_PROBE = "RELIABILITY_ADAPTIVE_PROBE_MAX_SECONDS"
+
+
 @pytest.mark.parametrize(
     ("values", "named", "says"),
     [
@@ -233,6 +236,9 @@ def test_autothrottle_on_leaves_the_rate_to_it_and_reliability_settings_win():
         ({"RELIABILITY_ORDER": b"bfs"}, "RELIABILITY_ORDER", "bfs, dfs"),
         ({"RELIABILITY_SUMMARY_INTERVAL": 1e300}, "RELIABILITY_SUMMARY_INTERVAL", "86400"),
         ({"DOWNLOAD_DELAY": "soon"}, "DOWNLOAD_DELAY", "seconds"),
+        ({"RELIABILITY_ADAPTIVE_RATE": "maybe"}, "RELIABILITY_ADAPTIVE_RATE", "True or False"),
+        ({"RELIABILITY_ADAPTIVE_PROBE_MAX_SECONDS": 5}, _PROBE, "from 30"),
+        ({"RELIABILITY_ADAPTIVE_PROBE_MAX_SECONDS": "nan"}, _PROBE, "nan"),
     ],
 )
 def test_wrong_types_and_ranges_name_the_setting_and_what_it_accepts(values, named, says):
@@ -266,6 +272,8 @@ CONFIG_SETTINGS = (
     "RELIABILITY_DOMAIN_JITTER",
     "RELIABILITY_DOMAIN_SLOW_START_SECONDS",
     "RELIABILITY_DOMAINS",
+    "RELIABILITY_ADAPTIVE_RATE",
+    "RELIABILITY_ADAPTIVE_PROBE_MAX_SECONDS",
     "RELIABILITY_JSON_LOGS",
     "RELIABILITY_SUMMARY_INTERVAL",
     "RELIABILITY_PROMETHEUS_PORT",
@@ -367,6 +375,7 @@ def _assert_in_range(config: Config) -> None:
     json.loads(politeness.to_json())  # what the job stores is valid JSON
 
 
+@pytest.mark.long
 @settings(max_examples=10_000, deadline=None)
 @given(name=st.sampled_from(CONFIG_SETTINGS), value=_values)
 def test_any_value_of_any_setting_is_accepted_in_range_or_named(name: str, value: Any) -> None:
@@ -379,6 +388,7 @@ def test_any_value_of_any_setting_is_accepted_in_range_or_named(name: str, value
     _assert_in_range(config)
 
 
+@pytest.mark.long
 @settings(max_examples=10_000, deadline=None)
 @given(name=st.sampled_from(RETRY_SETTINGS), value=_values)
 def test_any_value_of_a_retry_setting_is_accepted_in_range_or_named(name: str, value: Any) -> None:

@@ -61,7 +61,7 @@ def check_outcome(site: SiteProcess, items: list[dict[str, object]], site_log: P
     assert again <= MAX_REFETCH_PER_KILL * kills
 
 
-@pytest.mark.parametrize("backend", ["jobdir", "postgres"])
+@pytest.mark.parametrize("backend", [pytest.param("jobdir", marks=pytest.mark.long), "postgres"])
 def test_sigkill_three_times_loses_nothing(tmp_path, site, backend, request):
     project = make_project(tmp_path)
     items_path = tmp_path / "items.jsonl"
@@ -83,6 +83,7 @@ def test_sigkill_three_times_loses_nothing(tmp_path, site, backend, request):
     assert_frontier_settled(url)
 
 
+@pytest.mark.long
 def test_sqlite_default_without_jobdir(tmp_path, site):
     """Zero configuration: the frontier lives under the project's .scrapy/ directory."""
     project = make_project(tmp_path)
@@ -95,6 +96,7 @@ def test_sqlite_default_without_jobdir(tmp_path, site):
     assert_frontier_settled(f"sqlite:///{db}")
 
 
+@pytest.mark.long
 def test_feed_export_survives_sigkill(tmp_path, site):
     project = make_project(tmp_path)
     feed = tmp_path / "feed.jsonl"

@@ -198,6 +198,8 @@ DOCUMENTED = [
     "reliability_frontier_dead_letters",
     "reliability_frontier_paused_domains",
     "reliability_frontier_domain_paused_until_seconds",
+    "reliability_frontier_domain_rate",
+    "reliability_frontier_domain_learned_limit",
     "reliability_frontier_probe_timestamp_seconds",
 ]
 
@@ -215,6 +217,9 @@ def test_metrics_during_a_crawl(tmp_path: Path) -> None:
             f"JOBDIR={tmp_path / 'job'}",
             "RELIABILITY_PROMETHEUS_PORT=0",
             "RELIABILITY_SUMMARY_INTERVAL=1",
+            # A configured rate, for the adaptive rate to learn a limit below.
+            "RELIABILITY_DOMAIN_RATE=50",
+            "RELIABILITY_DOMAIN_BURST=50",
         )
         proc = crawl.start()
         try:
@@ -254,6 +259,17 @@ def test_metrics_during_a_crawl(tmp_path: Path) -> None:
             assert depth["done"] > 0
             until = samples(families, "reliability_frontier_domain_paused_until_seconds")
             assert until and all(s.value > time.time() - 1 for s in until)
+            # The 429 that paused a domain taught its adaptive rate a limit, job-wide.
+            limits = {
+                s.labels["domain"]: s.value
+                for s in samples(families, "reliability_frontier_domain_learned_limit")
+            }
+            rates = {
+                s.labels["domain"]: s.value
+                for s in samples(families, "reliability_frontier_domain_rate")
+            }
+            assert limits and set(rates) == set(limits) <= set(config.hosts)
+            assert all(0 < rates[d] < limits[d] <= 50 for d in limits), (rates, limits)
             assert {s.labels["domain"] for s in seen_429} <= set(config.hosts)
             retries = {
                 s.labels["error_class"]: s.value for s in samples(families, "reliability_retries")

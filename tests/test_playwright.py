@@ -406,6 +406,7 @@ def _command(pid: int) -> str:
         return ""
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_crashed_browser_loses_no_page(tmp_path: Path, chromium: str):
     """Chromium is SIGKILLed while it renders pages: scrapy-playwright starts a new one,

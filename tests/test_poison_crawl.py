@@ -209,6 +209,7 @@ def _second_version(tmp_path: Path) -> Path:
     return project
 
 
+@pytest.mark.long
 @pytest.mark.postgres
 def test_two_spider_versions_on_one_job_lose_nothing(tmp_path: Path, postgres_url: str) -> None:
     """Two workers of one PostgreSQL job, the second with a renamed callback: each

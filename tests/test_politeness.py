@@ -325,67 +325,13 @@ def test_slow_start_ramps_a_new_domain_up():
     from scrapy_reliability.frontier.politeness import DomainState
 
     policy = Politeness(DomainLimits(rate=10.0, burst=1), slow_start=60.0)
-    state = DomainState("new.test", 0.0, 0.0, None, 1.0, created_at=1000.0)
+    state = DomainState("new.test", 0.0, 0.0, None, created_at=1000.0)
     limits = policy.default
     assert state.effective_rate(limits, policy, 1000.0) == pytest.approx(1.0)  # 10%
     assert state.effective_rate(limits, policy, 1030.0) == pytest.approx(5.5)
     assert state.effective_rate(limits, policy, 1060.0) == pytest.approx(10.0)
     assert state.effective_rate(limits, policy, 5000.0) == pytest.approx(10.0)
     # Crawl-delay is a ceiling, and it applies even without a configured rate.
-    delayed = DomainState("d.test", 0.0, 0.0, 0.5, 1.0, created_at=0.0)
+    delayed = DomainState("d.test", 0.0, 0.0, 0.5, created_at=0.0)
     assert delayed.effective_rate(DomainLimits(rate=50.0), Politeness(), 10.0) == 2.0
     assert delayed.effective_rate(DomainLimits(rate=0.0), Politeness(), 10.0) == 2.0
-
-
-def test_adaptive_rate_halves_on_429_and_recovers_slowly(frontier_url: str):
-    from sqlalchemy import select
-
-    from scrapy_reliability.frontier import schema
-
-    frontier = Frontier.connect(frontier_url)
-    try:
-        job = frontier.open_job("aimd", "s").id
-        add(frontier, job, _rows("busy.test", 10))
-
-        def factor() -> float:
-            with frontier.engine.connect() as conn:
-                return float(
-                    conn.execute(
-                        select(schema.domains.c.rate_factor).where(
-                            schema.domains.c.domain == "busy.test"
-                        )
-                    ).scalar_one()
-                )
-
-        def throttle(now: float) -> None:
-            (row,) = frontier.claim(job, "w", 1, lease_seconds=30, now=now).rows
-            frontier.write(
-                job,
-                WriteBatch(
-                    transitions=[
-                        Transition(
-                            row.id,
-                            row.token,
-                            Outcome.RESCHEDULE,
-                            payload="{}",
-                            url="http://busy.test/",
-                            domain="busy.test",
-                            slow_down=True,
-                        )
-                    ]
-                ),
-                now=now,
-            )
-
-        throttle(1000.0)
-        assert factor() == pytest.approx(0.5)
-        throttle(1000.5)  # a burst of 429s within a second halves only once
-        assert factor() == pytest.approx(0.5)
-        throttle(1002.0)
-        assert factor() == pytest.approx(0.25)
-        frontier.write(job, WriteBatch(recoveries={"busy.test": 5}))
-        assert factor() == pytest.approx(0.35)
-        frontier.write(job, WriteBatch(recoveries={"busy.test": 500}))
-        assert factor() == pytest.approx(1.0)
-    finally:
-        frontier.close()

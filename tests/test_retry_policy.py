@@ -488,6 +488,7 @@ HEADER_BYTES = st.one_of(
 )
 
 
+@pytest.mark.long
 def test_property_retry_after_parser_never_raises() -> None:
     seen: Counter[str] = Counter()
 
@@ -527,6 +528,7 @@ def test_property_retry_after_parser_never_raises() -> None:
     assert min(seen["invalid"], seen["seconds"], seen["date"]) >= 20, seen
 
 
+@pytest.mark.long
 def test_property_middleware_keeps_the_status_for_any_retry_after() -> None:
     crawler = _crawler(
         RELIABILITY_BACKOFF_MAX_SECONDS=30,

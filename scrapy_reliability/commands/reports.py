@@ -12,8 +12,10 @@ from typing import Any
 
 from scrapy_reliability.commands.context import Context
 from scrapy_reliability.commands.text import ago, clip, iso, table, when
+from scrapy_reliability.frontier import adaptive
 from scrapy_reliability.frontier.inspect import DomainInfo, WorkerInfo
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
+from scrapy_reliability.frontier.reports import learned_text
 from scrapy_reliability.frontier.schema import STATES
 
 
@@ -183,6 +185,24 @@ def _limits_json(limits: Politeness, source: str) -> dict[str, Any]:
     }
 
 
+def _rate_text(d: DomainInfo, limits: Politeness | None, ctx: Context) -> str:
+    """The domain's rate now: ``4/s (configured)``, or what its adaptive rate
+    learned, ``2.7/s (learned limit 3/s, holding until 13:42)``."""
+    if limits is None:
+        return f"learned {d.adaptive.limit:.3g}/s" if d.adaptive.limit > 0 else "-"
+    configured = limits.limits_for(d.domain).rate
+    if configured <= 0:
+        return "unlimited"
+    learned = learned_text(d.adaptive, configured, limits, ctx.now)
+    if not learned:
+        return f"{configured:.3g}/s (configured)"
+    assert limits.adaptive is not None
+    rate = adaptive.current_rate(d.adaptive, configured, limits.adaptive)
+    if learned.endswith("holding"):
+        learned += f" until {when(d.adaptive.next_probe_at, ctx.now)}"
+    return f"{rate:.3g}/s ({learned})"
+
+
 def _domain_table(
     domains: list[DomainInfo],
     ctx: Context,
@@ -209,7 +229,7 @@ def _domain_table(
             else "-"
         )
         if detail:
-            row.append(f"{d.rate_factor * 100:.0f}%")
+            row.append(_rate_text(d, limits, ctx))
             row.append(f"{d.crawl_delay:g} s" if d.crawl_delay else "-")
             row.append(
                 "-"

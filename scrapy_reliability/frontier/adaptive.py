@@ -74,9 +74,13 @@ class AdaptiveParams:
     cooldown: float = 2.0
     #: The rate never goes below this fraction of the configured rate.
     min_fraction: float = 0.05
+    #: A lone throttle at the settled rate (none for ``probe_min_interval`` before
+    #: it: a request the network or the site bunched with another, or a limit a
+    #: little lower than learned) lowers the learned limit by this factor only.
+    nudge: float = 0.95
 
     def __post_init__(self) -> None:
-        for name in ("margin", "backoff", "recover_gain", "probe_step", "probe_slow"):
+        for name in ("margin", "backoff", "recover_gain", "probe_step", "probe_slow", "nudge"):
             value = getattr(self, name)
             if not 0.0 < value < 1.0:
                 raise ValueError(f"{name} must be within (0, 1), not {value!r}")
@@ -228,18 +232,25 @@ def on_throttle(
     observed = current_rate(state, ceiling, params)
     interval = state.probe_interval or params.probe_min_interval
     probing = state.limit > 0.0 and observed > params.margin * state.limit * (1 + _EPS)
+    limit = observed
     if probing:
         # Above the settled rate: a probe found the limit. A small decrease,
         # and a longer hold before the next probe.
         rate = params.margin * observed
         interval = min(params.probe_max_interval, 2.0 * interval)
+    elif state.limit > 0.0 and now - state.last_decrease_at >= params.probe_min_interval:
+        # A lone throttle at (or below) the settled rate: jitter bunched two
+        # requests, or the limit is a little lower than learned. Lower the limit a
+        # little; a second throttle soon after backs off harder (below).
+        limit = params.nudge * state.limit
+        rate = min(params.margin * limit, params.nudge * observed)
     else:
-        # First throttle, or one at (or below) the settled rate: the limit is
-        # lower than learned. Back off harder.
+        # First throttle, or another soon after a decrease at (or below) the
+        # settled rate: the limit is lower than learned. Back off harder.
         rate = params.backoff * observed
     return AdaptiveState(
         rate=max(rate, params.min_fraction * ceiling),
-        limit=observed,
+        limit=limit,
         last_decrease_at=now,
         probe_interval=interval,
         next_probe_at=now + interval,

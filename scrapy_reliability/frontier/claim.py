@@ -38,6 +38,7 @@ class Claimer:
         policy = spec.politeness or Politeness()
         token = new_token()
         taken: list[int] = []
+        starts: dict[int, float] = {}
         excluded: set[str] = set()
         states: dict[str, DomainState] = {}
         for _round in range(3):
@@ -62,11 +63,13 @@ class Claimer:
             for task_id, domain in candidates:
                 if len(taken) >= limit:
                     break
-                state = states[domain]
-                if state.try_take(policy.limits_for(domain), policy, now, self._rng):
-                    taken.append(task_id)
-                else:
+                start = states[domain].try_take(policy.limits_for(domain), policy, now, self._rng)
+                if start is None:
                     blocked.add(domain)
+                    continue
+                taken.append(task_id)
+                if start:
+                    starts[task_id] = start
             if len(taken) >= limit or len(candidates) < want * 4 or not blocked:
                 break
             excluded |= blocked
@@ -81,7 +84,7 @@ class Claimer:
                 now=now,
             )
             rows.sort(key=lambda c: (-c.priority, -c.id if newest_first else c.id))
-            return ClaimResult(rows)
+            return ClaimResult(rows, starts=starts)
         return self._nothing_due(conn, job_id, worker_id, policy, now)
 
     def _nothing_due(
@@ -128,6 +131,6 @@ class Claimer:
             state = states.get(row.domain)
             if state is not None:
                 limits = policy.limits_for(row.domain)
-                start = max(start, state.paused_until, state.available_at(limits, policy, now))
+                start = max(start, state.paused_until, state.claimable_at(limits, policy, now))
             soonest = start if soonest is None else min(soonest, start)
         return soonest

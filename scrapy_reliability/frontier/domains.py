@@ -1,20 +1,19 @@
 """The frontier's domain rows: created on first use, locked and read for a claim,
-paused and slowed down by failures, recovered by successes."""
+paused by Retry-After and ban signals, their adaptive rate (``adaptive.py``)
+decreased by throttles and grown by successes."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, bindparam, func, literal, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, or_, select, update
 
+from scrapy_reliability.frontier import adaptive as ad
 from scrapy_reliability.frontier import dialect
-from scrapy_reliability.frontier.politeness import DomainState
+from scrapy_reliability.frontier.politeness import DomainState, Politeness
 from scrapy_reliability.frontier.records import DomainUpdate, Transition
 from scrapy_reliability.frontier.schema import LEASED, domains, requests
-
-# The adaptive rate never falls below this fraction of the configured rate.
-_MIN_RATE_FACTOR = 0.05
 
 # One executemany per claim for every domain whose token bucket moved.
 _SET_TAT = (
@@ -24,6 +23,38 @@ _SET_TAT = (
 )
 
 
+# One executemany per write for every domain whose adaptive rate moved.
+_SET_ADAPTIVE = (
+    update(domains)
+    .where(domains.c.job_id == bindparam("b_job"), domains.c.domain == bindparam("b_domain"))
+    .values(
+        adaptive_rate=bindparam("b_rate"),
+        learned_limit=bindparam("b_limit"),
+        last_decrease_at=bindparam("b_decrease"),
+        probe_interval=bindparam("b_interval"),
+        next_probe_at=bindparam("b_probe"),
+    )
+)
+
+
+def adaptive_state(row: Any) -> ad.AdaptiveState:
+    """The adaptive state stored in a domain row. A value that is not a finite
+    number >= 0 (a hand-edited or corrupt row) forgets what was learned rather than
+    running at a rate nobody chose: the next throttle learns it again."""
+    try:
+        return ad.AdaptiveState.from_dict(
+            {
+                "rate": row.adaptive_rate,
+                "limit": row.learned_limit,
+                "last_decrease_at": row.last_decrease_at,
+                "probe_interval": row.probe_interval,
+                "next_probe_at": row.next_probe_at,
+            }
+        )
+    except ValueError:
+        return ad.AdaptiveState()
+
+
 def domain_state(row: Any, leased: int = 0) -> DomainState:
     """A ``reliability_domains`` row as the claim works with it."""
     return DomainState(
@@ -31,8 +62,8 @@ def domain_state(row: Any, leased: int = 0) -> DomainState:
         row.tat,
         row.paused_until,
         row.crawl_delay,
-        row.rate_factor,
         row.created_at,
+        adaptive_state(row),
         leased=leased,
     )
 
@@ -135,59 +166,140 @@ class DomainRows:
         if changed:
             conn.execute(_SET_TAT, changed)
 
-    def pause(self, conn: Connection, job_id: int, tr: Transition, now: float) -> None:
-        """Pause the domain for every worker (Retry-After, ban signals) and/or
-        halve its adaptive rate, at most once a second."""
-        assert tr.domain is not None
-        self.ensure(conn, job_id, [tr.domain], now)
-        where = and_(domains.c.job_id == job_id, domains.c.domain == tr.domain)
-        if tr.pause_until:
-            conn.execute(
-                update(domains)
-                .where(where, domains.c.paused_until < tr.pause_until)
-                .values(paused_until=tr.pause_until, pause_reason=tr.pause_reason)
-            )
-        if tr.slow_down:
-            conn.execute(
-                update(domains)
-                .where(where, domains.c.last_decrease_at < now - 1.0)
-                .values(
-                    rate_factor=dialect.greatest(
-                        self._engine, domains.c.rate_factor / 2, literal(_MIN_RATE_FACTOR)
-                    ),
-                    last_decrease_at=now,
-                )
-            )
-
-    def apply_updates(
+    def apply_signals(
         self,
         conn: Connection,
         job_id: int,
-        updates: Sequence[DomainUpdate],
-        recoveries: dict[str, int],
+        *,
+        signals: Sequence[Transition],
+        successes: dict[str, int],
+        policy: Politeness,
         now: float,
+    ) -> dict[str, tuple[ad.AdaptiveState, ad.AdaptiveState]]:
+        """What the settled transitions ``signals`` (Retry-After pauses, 429s and
+        ban signals) and the batch's ``successes`` per domain tell the domains:
+        pause them for every worker, and move their adaptive rates. The rows are
+        locked in domain order, as a claim locks them; a domain that never
+        throttled costs nothing (its successes change nothing). Returns the
+        adaptive states this write changed (before, after)."""
+        pauses: dict[str, tuple[float, str | None]] = {}
+        throttles: dict[str, list[float | None]] = {}
+        for tr in signals:
+            assert tr.domain is not None
+            if tr.pause_until and tr.pause_until > pauses.get(tr.domain, (0.0, None))[0]:
+                pauses[tr.domain] = (tr.pause_until, tr.pause_reason)
+            if tr.slow_down and policy.learns(policy.limits_for(tr.domain)):
+                throttles.setdefault(tr.domain, []).append(tr.claimed_at)
+        grown = [d for d, n in successes.items() if n > 0 and policy.learns(policy.limits_for(d))]
+        signalled = sorted(set(pauses) | set(throttles))
+        if not signalled and not grown:
+            return {}
+        self.ensure(conn, job_id, signalled, now)
+        rows = conn.execute(
+            select(domains)
+            .where(
+                domains.c.job_id == job_id,
+                domains.c.domain.in_(sorted(set(signalled) | set(grown))),
+                or_(domains.c.learned_limit > 0, domains.c.domain.in_(signalled)),
+            )
+            .order_by(domains.c.domain)
+            .with_for_update()
+        ).all()
+        changed: dict[str, tuple[ad.AdaptiveState, ad.AdaptiveState]] = {}
+        for row in rows:
+            name = row.domain
+            if name in pauses and pauses[name][0] > row.paused_until:
+                until, reason = pauses[name]
+                conn.execute(
+                    update(domains)
+                    .where(domains.c.job_id == job_id, domains.c.domain == name)
+                    .values(paused_until=until, pause_reason=reason)
+                )
+            params = policy.adaptive
+            if params is None or not (name in throttles or successes.get(name)):
+                continue
+            ceiling = policy.limits_for(name).rate
+            if ceiling <= 0:
+                continue
+            before = state = adaptive_state(row)
+            # Throttles first: the rate a 429 observed is the one before this
+            # batch's successes grew it.
+            for sent_at in throttles.get(name, ()):
+                state = ad.on_throttle(state, now, params, ceiling=ceiling, sent_at=sent_at)
+            state = ad.on_success(state, now, params, ceiling=ceiling, count=successes.get(name, 0))
+            if state != before:
+                changed[name] = (before, state)
+        if changed:
+            conn.execute(
+                _SET_ADAPTIVE,
+                [
+                    {
+                        "b_job": job_id,
+                        "b_domain": name,
+                        "b_rate": st.rate,
+                        "b_limit": st.limit,
+                        "b_decrease": st.last_decrease_at,
+                        "b_interval": st.probe_interval,
+                        "b_probe": st.next_probe_at,
+                    }
+                    for name, (_, st) in changed.items()
+                ],
+            )
+        return changed
+
+    def apply_updates(
+        self, conn: Connection, job_id: int, updates: Sequence[DomainUpdate], now: float
     ) -> None:
-        """Store robots.txt Crawl-delays, and let slowed-down domains recover."""
-        names = [u.domain for u in updates] + list(recoveries)
-        self.ensure(conn, job_id, names, now)
+        """Store robots.txt Crawl-delays."""
+        self.ensure(conn, job_id, [u.domain for u in updates], now)
         for upd in updates:
             conn.execute(
                 update(domains)
                 .where(domains.c.job_id == job_id, domains.c.domain == upd.domain)
                 .values(crawl_delay=upd.crawl_delay)
             )
-        for name, successes in recoveries.items():
-            # Additive increase: 2% of the full rate per success, up to the full rate.
-            conn.execute(
-                update(domains)
-                .where(
-                    domains.c.job_id == job_id,
-                    domains.c.domain == name,
-                    domains.c.rate_factor < 1.0,
-                )
-                .values(
-                    rate_factor=dialect.least(
-                        self._engine, domains.c.rate_factor + 0.02 * successes, literal(1.0)
-                    )
-                )
-            )
+
+
+def carry_learned_rates(conn: Connection, previous_job: int, job_id: int, now: float) -> int:
+    """A new run of a job starts each domain at the rate the previous run learned
+    (held for one probe interval before probing), not at the configured one.
+    Only what was learned is carried: no token bucket, pause or Crawl-delay.
+    Returns the number of domains carried."""
+    rows = conn.execute(
+        select(domains).where(domains.c.job_id == previous_job, domains.c.learned_limit > 0)
+    ).all()
+    carried = []
+    for row in rows:
+        state = ad.resume(adaptive_state(row), now)
+        if state.limit <= 0:
+            continue
+        carried.append(
+            {
+                "job_id": job_id,
+                "domain": row.domain,
+                "tat": 0.0,
+                "paused_until": 0.0,
+                "rate_factor": 1.0,
+                "created_at": now,
+                "adaptive_rate": state.rate,
+                "learned_limit": state.limit,
+                "last_decrease_at": state.last_decrease_at,
+                "probe_interval": state.probe_interval,
+                "next_probe_at": state.next_probe_at,
+            }
+        )
+    if carried:
+        conn.execute(domains.insert(), carried)
+    return len(carried)
+
+
+def learned_states(conn: Connection, job_id: int, limit: int) -> dict[str, ad.AdaptiveState]:
+    """Up to ``limit`` domains of the job whose adaptive rate learned a limit, the
+    most recently throttled first, and what they learned."""
+    rows = conn.execute(
+        select(domains)
+        .where(domains.c.job_id == job_id, domains.c.learned_limit > 0)
+        .order_by(domains.c.last_decrease_at.desc(), domains.c.domain)
+        .limit(limit)
+    ).all()
+    return {str(row.domain): adaptive_state(row) for row in rows}

@@ -19,9 +19,11 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from scrapy_reliability.frontier import operations
 from scrapy_reliability.frontier.connections import reading
+from scrapy_reliability.frontier.domains import adaptive_state, learned_states
 from scrapy_reliability.frontier.jobs import counts as state_counts
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.reports import (
+    LEARNED_SHOWN,
     Blocker,
     DeadFilter,
     DomainInfo,
@@ -344,7 +346,9 @@ class Inspector:
                 .order_by(requests.c.id)
                 .limit(1)
             ).scalar()
-        return Probe(now, counts, dead, paused, None if oldest is None else float(oldest))
+            learned = learned_states(conn, job_id, LEARNED_SHOWN)
+        oldest_at = None if oldest is None else float(oldest)
+        return Probe(now, counts, dead, paused, oldest_at, learned)
 
     # -- operator writes ----------------------------------------------------------------------
 
@@ -481,7 +485,7 @@ def _domains(conn: Connection, job_id: int, *, only: Sequence[str]) -> list[Doma
                 paused_until=float(st.paused_until),
                 pause_reason=st.pause_reason,
                 crawl_delay=st.crawl_delay,
-                rate_factor=float(st.rate_factor),
+                adaptive=adaptive_state(st),
                 tat=float(st.tat),
                 created_at=float(st.created_at),
                 next_due=due.get(name),

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy import Connection, func, select, update
 
 from scrapy_reliability.frontier import operations
+from scrapy_reliability.frontier.domains import carry_learned_rates
 from scrapy_reliability.frontier.errors import JobFinished, JobMismatch
 from scrapy_reliability.frontier.records import UNPROCESSED_CLASSES, Job
 from scrapy_reliability.frontier.reports import DeadFilter
@@ -75,6 +76,8 @@ def open_job(
         )
         .returning(jobs.c.id)
     ).scalar_one()
+    if row is not None:
+        carry_learned_rates(conn, row.id, job_id, now)
     return Job(job_id, name, generation, False, dedup_scheme)
 
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from scrapy_reliability.frontier import adaptive as ad
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,9 @@ class Politeness:
     overrides: Mapping[str, DomainLimits] = field(default_factory=dict)
     #: Each gap is lengthened by up to this fraction, at random.
     jitter: float = 0.0
-    #: The adaptive rate factor never goes below this.
-    min_factor: float = 0.05
+    #: How a domain's rate adapts to 429s and ban signals (frontier/adaptive.py);
+    #: None: it does not (the configured rate holds; Retry-After still pauses).
+    adaptive: ad.AdaptiveParams | None = field(default_factory=ad.AdaptiveParams)
     #: A domain's rate ramps up from 10% to 100% over its first seconds.
     slow_start: float = 0.0
     #: Requests per domain at once in each worker (Scrapy's own
@@ -66,7 +69,7 @@ class Politeness:
                 "default": asdict(self.default),
                 "overrides": {k: asdict(v) for k, v in self.overrides.items()},
                 "jitter": self.jitter,
-                "min_factor": self.min_factor,
+                "adaptive": None if self.adaptive is None else asdict(self.adaptive),
                 "slow_start": self.slow_start,
                 "per_worker": self.per_worker,
             },
@@ -88,12 +91,17 @@ class Politeness:
                 default=limits(data["default"]),
                 overrides={str(k): limits(v) for k, v in dict(data["overrides"]).items()},
                 jitter=float(data["jitter"]),
-                min_factor=float(data["min_factor"]),
+                adaptive=_adaptive_params(data.get("adaptive", {})),
                 slow_start=float(data["slow_start"]),
                 per_worker=int(data.get("per_worker", 0)),
             )
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise ValueError(f"stored limits are malformed: {exc}") from None
+
+    def learns(self, limits: DomainLimits) -> bool:
+        """Whether a domain with ``limits`` has an adaptive rate (a configured
+        rate to learn below)."""
+        return self.adaptive is not None and limits.rate > 0
 
     @property
     def limits_anything(self) -> bool:
@@ -104,6 +112,22 @@ class Politeness:
         )
 
 
+def _adaptive_params(raw: Any) -> ad.AdaptiveParams | None:
+    """Stored adaptive parameters (absent in jobs of older versions: the defaults)."""
+    if raw is None:
+        return None
+    known = {f.name for f in fields(ad.AdaptiveParams)}
+    return ad.AdaptiveParams(**{k: float(v) for k, v in dict(raw).items() if k in known})
+
+
+#: A paced domain's request starts at least this long after its claim: the time a
+#: claimed row takes to reach the downloader (the claim's commit, the hand-over to
+#: the worker's reactor), so that it is waiting there when its moment comes...
+PACE_LEAD = 0.25
+#: ... and a claim takes a paced domain's tokens up to this far beyond that.
+PACE_AHEAD = 1.0
+
+
 @dataclass
 class DomainState:
     """One row of ``reliability_domains``, as the claim sees and updates it."""
@@ -112,14 +136,22 @@ class DomainState:
     tat: float
     paused_until: float
     crawl_delay: float | None
-    rate_factor: float
     created_at: float
+    #: What the domain's adaptive rate has learned (shared by every worker).
+    adaptive: ad.AdaptiveState = field(default_factory=ad.AdaptiveState)
     leased: int = 0
     changed: bool = False
 
     def effective_rate(self, limits: DomainLimits, policy: Politeness, now: float) -> float:
         """Requests per second for this domain now (0: unlimited)."""
-        rate = limits.rate * self.rate_factor if limits.rate else 0.0
+        rate = 0.0
+        if limits.rate:
+            params = policy.adaptive
+            rate = (
+                limits.rate
+                if params is None
+                else ad.current_rate(self.adaptive, limits.rate, params)
+            )
         if self.crawl_delay:
             ceiling = 1.0 / self.crawl_delay
             rate = min(rate, ceiling) if rate else ceiling
@@ -128,27 +160,58 @@ class DomainState:
             rate *= min(1.0, 0.1 + 0.9 * age / policy.slow_start)
         return rate
 
+    def burst(self, limits: DomainLimits, policy: Politeness) -> int:
+        """Requests that may start at once after a quiet spell: 1 under a
+        Crawl-delay or a learned limit, else the configured burst."""
+        if self.crawl_delay:
+            return 1
+        burst = max(1, limits.burst)
+        if policy.adaptive is not None:
+            burst = ad.current_burst(self.adaptive, burst)
+        return burst
+
     def available_at(self, limits: DomainLimits, policy: Politeness, now: float) -> float:
+        """When the token bucket lets the next request start (0: no rate limit)."""
         rate = self.effective_rate(limits, policy, now)
         if not rate:
             return 0.0
-        burst = max(1, limits.burst) if not self.crawl_delay else 1
-        return self.tat - (burst - 1) / rate
+        return self.tat - (self.burst(limits, policy) - 1) / rate
+
+    def claimable_at(self, limits: DomainLimits, policy: Politeness, now: float) -> float:
+        """When a claim may take the next request: a paced domain's ahead of its
+        start (see :func:`try_take`)."""
+        available = self.available_at(limits, policy, now)
+        if available and self.burst(limits, policy) == 1:
+            return available - PACE_LEAD - PACE_AHEAD
+        return available
 
     def try_take(
         self, limits: DomainLimits, policy: Politeness, now: float, rng: random.Random
-    ) -> bool:
-        """Start one request now if the limits allow; update the state if so."""
+    ) -> float | None:
+        """Take one request if the limits allow (updating the state); None if they
+        do not. Returns when it should start: 0.0 for at once, or for a *paced*
+        domain (rate-limited with a burst of 1) the time of its token, at least
+        ``PACE_LEAD`` from ``now``. The worker holds the request until then, so
+        the spacing the bucket gave reaches the site whatever delays the claim's
+        commit and the worker add, and whichever worker holds it."""
         if self.paused_until > now:
-            return False
+            return None
         if limits.concurrency and self.leased >= limits.concurrency:
-            return False
+            return None
         rate = self.effective_rate(limits, policy, now)
+        start = 0.0
         if rate:
-            if now < self.available_at(limits, policy, now):
-                return False
             gap = (1.0 / rate) * (1.0 + policy.jitter * rng.random())
-            self.tat = max(self.tat, now) + gap
+            if self.burst(limits, policy) == 1:
+                earliest = now + PACE_LEAD
+                if earliest + PACE_AHEAD < self.tat:
+                    return None
+                start = max(self.tat, earliest)
+                self.tat = start + gap
+            else:
+                if now < self.available_at(limits, policy, now):
+                    return None
+                self.tat = max(self.tat, now) + gap
         self.leased += 1
         self.changed = True
-        return True
+        return start

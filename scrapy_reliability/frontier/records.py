@@ -7,8 +7,10 @@ the frontier turns it into one transaction.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from scrapy_reliability.frontier.adaptive import AdaptiveState
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.schema import DEAD, DONE, IGNORED
 
@@ -81,6 +83,9 @@ class ClaimResult:
     next_due: float | None = None
     #: When nothing was due: how many rows other workers hold leased.
     leased_elsewhere: int = 0
+    #: Rows of paced domains (see ``DomainState.try_take``): when each should start.
+    #: The others start at once.
+    starts: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,8 +105,11 @@ class Transition:
     domain: str | None = None
     pause_until: float | None = None
     pause_reason: str | None = None
-    #: Halve the domain's adaptive rate (a 429 or a ban signal).
+    #: A 429 or a ban signal: the domain's adaptive rate learns a limit.
     slow_down: bool = False
+    #: When the request was claimed (sent): a throttle of a request sent before the
+    #: domain's last decrease is the same overload event.
+    claimed_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -147,8 +155,8 @@ class WriteBatch:
     dead_items: list[DeadItem] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     domain_updates: list[DomainUpdate] = field(default_factory=list)
-    #: Successes per slowed-down domain: their adaptive rate recovers a little.
-    recoveries: dict[str, int] = field(default_factory=dict)
+    #: Successes per domain: an adaptive rate below its configured one grows.
+    successes: dict[str, int] = field(default_factory=dict)
     #: A retry pass: an acked row's dead letter is resolved (deleted).
     clear_dead_letters: bool = False
 
@@ -159,7 +167,7 @@ class WriteBatch:
             or self.dead_items
             or self.refusals
             or self.domain_updates
-            or self.recoveries
+            or self.successes
         )
 
 
@@ -171,6 +179,8 @@ class WriteResult:
     lost: list[int]
     #: The claim run in the same transaction (``write(..., claim=...)``).
     claimed: ClaimResult | None = None
+    #: The domains whose adaptive rate this write moved: (before, after).
+    adapted: Mapping[str, tuple[AdaptiveState, AdaptiveState]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

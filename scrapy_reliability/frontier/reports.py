@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from scrapy_reliability.frontier import adaptive
+from scrapy_reliability.frontier.adaptive import AdaptiveState
 from scrapy_reliability.frontier.politeness import DomainState, Politeness
 from scrapy_reliability.frontier.schema import LEASED
 
@@ -45,7 +47,8 @@ class DomainInfo:
     paused_until: float = 0.0
     pause_reason: str | None = None
     crawl_delay: float | None = None
-    rate_factor: float = 1.0
+    #: What the domain's adaptive rate has learned (see frontier.adaptive).
+    adaptive: AdaptiveState = field(default_factory=AdaptiveState)
     #: The token bucket's theoretical arrival time (see frontier.politeness).
     tat: float = 0.0
     created_at: float = 0.0
@@ -146,6 +149,22 @@ class Probe:
     #: Paused domains and when their pause ends.
     paused: dict[str, float] = field(default_factory=dict)
     oldest_pending_at: float | None = None
+    #: Domains whose adaptive rate learned a limit (at most ``LEARNED_SHOWN``, the
+    #: most recently throttled first): what they learned.
+    learned: dict[str, AdaptiveState] = field(default_factory=dict)
+
+
+#: The most domains a probe reports learned rates of (bounded metric labels).
+LEARNED_SHOWN = 20
+
+
+def learned_text(state: AdaptiveState, ceiling: float, politeness: Politeness, now: float) -> str:
+    """What a domain's adaptive rate learned, in words (empty when nothing):
+    ``learned limit 3/s, holding``."""
+    params = politeness.adaptive
+    if params is None or ceiling <= 0 or state.limit <= 0:
+        return ""
+    return f"learned limit {state.limit:.3g}/s, {adaptive.phase(state, ceiling, now, params)}"
 
 
 def pending_blockers(
@@ -176,12 +195,16 @@ def pending_blockers(
             domain.tat,
             domain.paused_until,
             domain.crawl_delay,
-            domain.rate_factor,
             domain.created_at,
+            domain.adaptive,
             leased=leased,
         )
         available = state.available_at(limits, politeness, now)
         if available > now:
             rate = state.effective_rate(limits, politeness, now)
-            blockers.append(Blocker("waiting_for_token", available, f"{rate:g} requests/s"))
+            detail = f"{rate:.3g} requests/s"
+            learned = learned_text(domain.adaptive, limits.rate, politeness, now)
+            if learned:
+                detail += f", {learned}"
+            blockers.append(Blocker("waiting_for_token", available, detail))
     return blockers

@@ -208,5 +208,11 @@ domains = Table(
     Column("rate_factor", Float, nullable=False),
     Column("last_decrease_at", Float, nullable=False),
     Column("created_at", Float, nullable=False),
+    # The adaptive rate (frontier/adaptive.py); all zero: nothing learned.
+    Column("adaptive_rate", Float, nullable=False, server_default=text("0")),
+    Column("learned_limit", Float, nullable=False, server_default=text("0")),
+    Column("probe_interval", Float, nullable=False, server_default=text("0")),
+    Column("next_probe_at", Float, nullable=False, server_default=text("0")),
+    # The previous version's rate factor: written on insert, no longer read.
     CheckConstraint("rate_factor > 0 AND rate_factor <= 1", name="rate_factor"),
 )

@@ -260,16 +260,20 @@ class Frontier:
         batch: WriteBatch,
         *,
         claim: ClaimSpec | None = None,
+        politeness: Politeness | None = None,
         now: float | None = None,
     ) -> WriteResult:
         """Insert new requests (insert-or-ignore on the dedup key), then apply
         transitions, in one transaction: a parent's ack never commits before
         the children it yielded. With ``claim``, a claim runs last in the same
-        transaction (one commit instead of two)."""
+        transaction (one commit instead of two). ``politeness``: the limits the
+        domains' adaptive rates learn below (without it, or with ``claim``'s, 429s
+        and successes still pause domains but teach their rates nothing)."""
         now = _now(now)
+        policy = politeness or (claim.politeness if claim is not None else None)
         for attempt in range(_DEADLOCK_RETRIES):
             try:
-                return self._write(job_id, batch, claim, now)
+                return self._write(job_id, batch, claim, policy, now)
             except DBAPIError as exc:
                 # Two workers inserting the same new keys in different orders can
                 # deadlock; PostgreSQL aborts one transaction, which is safe to run
@@ -280,17 +284,22 @@ class Frontier:
         raise AssertionError("unreachable")
 
     def _write(
-        self, job_id: int, batch: WriteBatch, claim: ClaimSpec | None, now: float
+        self,
+        job_id: int,
+        batch: WriteBatch,
+        claim: ClaimSpec | None,
+        policy: Politeness | None,
+        now: float,
     ) -> WriteResult:
         acks = any(tr.outcome is Outcome.DONE for tr in batch.transitions)
         with self._transaction() as conn:
-            inserted, settled, lost = self._writes.apply(conn, job_id, batch, now)
+            inserted, settled, lost, adapted = self._writes.apply(conn, job_id, batch, now, policy)
             claimed = None if claim is None else self._claims.claim(conn, job_id, claim, now)
             if acks:
                 crash_point("before_ack_commit")
         if acks:
             crash_point("after_ack_commit")
-        return WriteResult(frozenset(inserted), settled, lost, claimed)
+        return WriteResult(frozenset(inserted), settled, lost, claimed, adapted)
 
     # -- the claim path ---------------------------------------------------------------------
 

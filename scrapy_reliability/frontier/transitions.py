@@ -11,8 +11,10 @@ from sqlalchemy import Connection, Engine, delete, func, literal, select, update
 
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import dialect
+from scrapy_reliability.frontier.adaptive import AdaptiveState
 from scrapy_reliability.frontier.domains import DomainRows
 from scrapy_reliability.frontier.hotsql import HotSql
+from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.records import (
     DeadItem,
     NewRequest,
@@ -48,24 +50,45 @@ class WritePath:
         self._domains = domain_rows
 
     def apply(
-        self, conn: Connection, job_id: int, batch: WriteBatch, now: float
-    ) -> tuple[set[str], list[int], list[int]]:
+        self,
+        conn: Connection,
+        job_id: int,
+        batch: WriteBatch,
+        now: float,
+        policy: Politeness | None = None,
+    ) -> tuple[set[str], list[int], list[int], dict[str, tuple[AdaptiveState, AdaptiveState]]]:
         """Insert the batch's new requests, then apply its transitions: a parent's
-        ack never commits before the children it yielded. Returns (fingerprints
-        inserted, rows settled, rows whose lease was lost)."""
+        ack never commits before the children it yielded; then what they tell
+        the domains (``policy``: the limits their adaptive rates learn below).
+        Returns (fingerprints inserted, rows settled, rows whose lease was lost,
+        adaptive rates changed)."""
         inserted = self._insert_requests(conn, job_id, batch.inserts, now)
         if batch.dead_items:
             self._insert_dead_items(conn, job_id, batch.dead_items, now)
         if batch.refusals:
             self._record_refusals(conn, job_id, batch.refusals, now)
-        settled, lost = self.apply_transitions(conn, batch.transitions, now, job_id)
-        if batch.domain_updates or batch.recoveries:
-            self._domains.apply_updates(conn, job_id, batch.domain_updates, batch.recoveries, now)
+        settled, lost = self.apply_transitions(conn, batch.transitions, now)
+        lost_ids = set(lost)
+        if batch.domain_updates:
+            self._domains.apply_updates(conn, job_id, batch.domain_updates, now)
+        signals = [
+            tr
+            for tr in batch.transitions
+            if tr.domain and (tr.pause_until or tr.slow_down) and tr.task_id not in lost_ids
+        ]
+        adapted = self._domains.apply_signals(
+            conn,
+            job_id,
+            signals=signals,
+            successes=batch.successes,
+            policy=policy or Politeness(adaptive=None),
+            now=now,
+        )
         if batch.clear_dead_letters:
             done = [
                 tr.task_id
                 for tr in batch.transitions
-                if tr.outcome is Outcome.DONE and tr.task_id not in set(lost)
+                if tr.outcome is Outcome.DONE and tr.task_id not in lost_ids
             ]
             if done:
                 conn.execute(
@@ -73,7 +96,7 @@ class WritePath:
                         dead_letters.c.request_id.in_(done), dead_letters.c.kind == "request"
                     )
                 )
-        return inserted, settled, lost
+        return inserted, settled, lost, adapted
 
     def _insert_requests(
         self, conn: Connection, job_id: int, rows: Sequence[NewRequest], now: float
@@ -158,7 +181,7 @@ class WritePath:
             )
 
     def apply_transitions(
-        self, conn: Connection, transitions: Iterable[Transition], now: float, job_id: int
+        self, conn: Connection, transitions: Iterable[Transition], now: float
     ) -> tuple[list[int], list[int]]:
         """Each transition where its row still holds its claim token; returns (rows
         settled, rows whose lease was lost)."""
@@ -209,8 +232,6 @@ class WritePath:
                 # Fail closed: the dead letter commits with the burial or neither does.
                 crash_point("mid_burial")
                 self._write_dead_letter(conn, tr, now)
-            if tr.domain and (tr.pause_until or tr.slow_down):
-                self._domains.pause(conn, job_id, tr, now)
             settled.append(tr.task_id)
         return settled, lost
 

@@ -174,6 +174,22 @@ def _probe_metrics(probe: Probe) -> Iterator[Any]:
     for domain, until in sorted(probe.paused.items())[:MAX_DOMAIN_LABELS]:
         gauge.add_metric([domain], until)
     yield gauge
+    rate = GaugeMetricFamily(
+        "reliability_frontier_domain_rate",
+        "Requests/s the adaptive rate runs a throttled domain at, for every worker "
+        "(domains that learned a limit; the most recently throttled first).",
+        labels=["domain"],
+    )
+    learned = GaugeMetricFamily(
+        "reliability_frontier_domain_learned_limit",
+        "Requests/s at which the domain last answered 429 or a ban signal.",
+        labels=["domain"],
+    )
+    for name, learnt in list(probe.learned.items())[:MAX_DOMAIN_LABELS]:
+        rate.add_metric([name], learnt.rate)
+        learned.add_metric([name], learnt.limit)
+    yield rate
+    yield learned
     if probe.oldest_pending_at is not None:
         yield GaugeMetricFamily(
             "reliability_frontier_oldest_pending_created_seconds",

@@ -28,7 +28,7 @@ def units(batch: WriteBatch) -> int:
         + len(batch.refusals)
         + len(batch.dead_items)
         + len(batch.transitions)
-        + (1 if batch.domain_updates or batch.recoveries else 0)
+        + (1 if batch.domain_updates or batch.successes else 0)
     )
 
 
@@ -42,8 +42,8 @@ def halves(batch: WriteBatch) -> list[WriteBatch]:
         + [("dead_item", d) for d in batch.dead_items]
         + [("transition", t) for t in batch.transitions]
     )
-    if batch.domain_updates or batch.recoveries:
-        parts_of.append(("domains", (batch.domain_updates, batch.recoveries)))
+    if batch.domain_updates or batch.successes:
+        parts_of.append(("domains", (batch.domain_updates, batch.successes)))
     if len(parts_of) <= 1:
         return [batch]
     middle = len(parts_of) // 2
@@ -60,7 +60,7 @@ def halves(batch: WriteBatch) -> list[WriteBatch]:
             elif kind == "transition":
                 part.transitions.append(unit)
             else:
-                part.domain_updates, part.recoveries = unit
+                part.domain_updates, part.successes = unit
         parts.append(part)
     return parts
 

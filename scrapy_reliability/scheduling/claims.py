@@ -70,6 +70,7 @@ class ClaimBuffer:
         self._foreign_backoff = 0.0
         self._foreign_until = 0.0
         self._wake_call: Any = None
+        self._held_call: Any = None
 
     def pending(self) -> bool:
         """Rows buffered, a claim in flight, or rows that may be due."""
@@ -151,7 +152,7 @@ class ClaimBuffer:
             self._poll_delay = _FIRST_POLL_SECONDS
             self.something_changed()
             self.ctx.stats.inc_value("reliability/claimed", len(result.rows))
-            handed = sum(self._rebuild(row) for row in result.rows)
+            handed = sum(self._rebuild(row, result.starts.get(row.id, 0.0)) for row in result.rows)
             crash_point("claimed")
             if handed == len(result.rows):
                 # Only rows of another spider version: leave them to the workers that
@@ -179,12 +180,18 @@ class ClaimBuffer:
             self.maybe_pending = False
             self.idle_until = math.inf
 
-    def _rebuild(self, row: Claimed) -> bool:
-        """Rebuild a claimed row into a request in the ready buffer; True when it was
-        handed back for a worker whose spider has its callback."""
+    def _rebuild(self, row: Claimed, send_at: float = 0.0) -> bool:
+        """Rebuild a claimed row into a request in the ready buffer (to start at
+        ``send_at``, if set); True when it was handed back for a worker whose spider
+        has its callback."""
         assert self.ctx.spider is not None
         lease = Lease(
-            row.id, row.token, row.fingerprint, Stage.READY, claimed_at=self.ctx.clock.seconds()
+            row.id,
+            row.token,
+            row.fingerprint,
+            Stage.READY,
+            claimed_at=self.ctx.clock.seconds(),
+            send_at=send_at,
         )
         self.leases.add(lease)
         try:
@@ -228,6 +235,17 @@ class ClaimBuffer:
             self._wake_call.cancel()
         self._wake_call = self.ctx.clock.callLater(delay, self._due)
 
+    def wake_engine_at(self, when: float) -> None:
+        """Ask the engine for a request again at ``when`` (a buffered request held
+        for its start), without claiming again."""
+        delay = max(0.0, when - self.ctx.clock.seconds())
+        call = self._held_call
+        if call is not None and call.active():
+            if call.getTime() <= self.ctx.clock.seconds() + delay:
+                return
+            call.cancel()
+        self._held_call = self.ctx.clock.callLater(delay, self.wake_engine)
+
     def _due(self) -> None:
         # A timer may fire a hair before idle_until, and a claim skipped then
         # would wait for the engine's 5 s heartbeat.
@@ -241,8 +259,9 @@ class ClaimBuffer:
 
     def stop(self) -> int:
         """Closing: no wake-up; returns how many buffered requests never started."""
-        if self._wake_call is not None and self._wake_call.active():
-            self._wake_call.cancel()
+        for call in (self._wake_call, self._held_call):
+            if call is not None and call.active():
+                call.cancel()
         never_started = len(self.ready)
         self.ready.clear()
         return never_started

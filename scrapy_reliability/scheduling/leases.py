@@ -39,6 +39,8 @@ class Lease:
     method: str = "GET"
     domain: str = ""
     claimed_at: float = 0.0
+    #: A paced domain's request waits in the buffer until then (0: none).
+    send_at: float = 0.0
 
 
 class LeaseBook:

@@ -51,6 +51,8 @@ class FailureMeta(TypedDict):
     error_class: str
     status: int | None
     error: str
+    #: A 429 or a ban signal: the domain's adaptive rate learns a limit.
+    slow_down: bool
 
 
 class RetryMeta(FailureMeta):
@@ -59,8 +61,6 @@ class RetryMeta(FailureMeta):
     not_before: float
     #: Retry-After: the whole domain waits until then, for every worker.
     pause_until: float | None
-    #: A 429: the domain's adaptive rate is halved.
-    slow_down: bool
 
 
 def task_id_of(request: Request) -> int | None:

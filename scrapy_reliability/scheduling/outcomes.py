@@ -105,6 +105,7 @@ class Outcomes:
         error: str | None = None,
         error_class: str | None = None,
         attempts_inc: int = 0,
+        slow_down: bool = False,
     ) -> None:
         self.leases.start_settling(lease)
         self.writes.transition(
@@ -116,6 +117,9 @@ class Outcomes:
                 error=error,
                 error_class=error_class,
                 attempts_inc=attempts_inc,
+                domain=lease.domain if slow_down else None,
+                slow_down=slow_down,
+                claimed_at=lease.claimed_at if slow_down else None,
             )
         )
 
@@ -160,9 +164,8 @@ class Outcomes:
         """Done: callback output consumed, items settled."""
         self._settle(lease, Outcome.DONE)
         crash_point("ack_buffered")
-        if self.politeness.recovering(lease.domain):
-            recoveries = self.writes.batch.recoveries
-            recoveries[lease.domain] = recoveries.get(lease.domain, 0) + 1
+        successes = self.writes.batch.successes
+        successes[lease.domain] = successes.get(lease.domain, 0) + 1
 
     def ignore(self, lease: Lease, error: str | None = None) -> None:
         """Dropped on purpose (IgnoreRequest), or by a middleware without a response."""
@@ -175,7 +178,10 @@ class Outcomes:
         error_class = str(failure.get("error_class") or ErrorClass.PERMANENT.value)
         status = failure.get("status")
         error = str(failure.get("error") or "")
+        slow_down = bool(failure.get("slow_down"))
         self.ctx.stats.inc_value(f"reliability/dead/{error_class}")
+        if slow_down:
+            self.ctx.stats.inc_value("reliability/domain/throttled")
 
         def settle(_: Any = None) -> None:
             self._settle(
@@ -185,6 +191,7 @@ class Outcomes:
                 error=error,
                 error_class=error_class,
                 attempts_inc=1,
+                slow_down=slow_down,
             )
 
         if not config.dead_letter_items and not config.dead_letter_feeds:
@@ -261,7 +268,7 @@ class Outcomes:
         if pause_until:
             self.politeness.pause(lease.domain, float(pause_until))
         if slow_down:
-            self.politeness.slow_down(lease.domain, failure.get("error"))
+            ctx.stats.inc_value("reliability/domain/throttled")
         self.writes.transition(
             Transition(
                 lease.task_id,
@@ -278,6 +285,7 @@ class Outcomes:
                 pause_until=float(pause_until) if pause_until else None,
                 pause_reason=f"Retry-After ({failure.get('status')})" if pause_until else None,
                 slow_down=slow_down,
+                claimed_at=lease.claimed_at,
             )
         )
         ctx.stats.inc_value(f"reliability/rescheduled/{'retry' if retried else 'redirect'}")

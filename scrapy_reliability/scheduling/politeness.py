@@ -1,5 +1,6 @@
-"""Local politeness: which buffered request to start now, robots.txt, and this
-worker's mirror of the domains it paused or slowed down.
+"""Local politeness: which buffered request to start now, robots.txt, this
+worker's mirror of the domains it paused, and what it reports of the adaptive
+rates its writes moved.
 
 The frontier enforces politeness across workers when it leases rows (see
 ``frontier/politeness.py``); this is what one worker adds between a claim and
@@ -11,33 +12,42 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_reliability.frontier import DomainUpdate
-from scrapy_reliability.scheduling.leases import LeaseBook
+from scrapy_reliability.frontier import adaptive as ad
+from scrapy_reliability.scheduling.leases import Lease, LeaseBook
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
     from scrapy.statscollectors import StatsCollector
 
+    from scrapy_reliability.scheduling.context import Context
+
 logger = logging.getLogger("scrapy_reliability.scheduler")
 
 #: How long the other requests of a new domain wait for its robots.txt.
 ROBOTS_WAIT = 15.0
-#: How long after its last 429 a domain's adaptive rate keeps recovering.
-RECOVERY_WINDOW = 600.0
+#: Two paced requests of a domain go at least this share of the spacing the
+#: frontier gave them apart.
+CATCH_UP = 0.95
 
 
 class LocalPoliteness:
     def __init__(self, settings: BaseSettings, stats: StatsCollector) -> None:
         self.stats = stats
         self.spider: Spider | None = None
-        # Domains this worker saw paused (until when) and slowed down (when).
+        # Domains this worker saw paused (until when).
         self.paused: dict[str, float] = {}
-        self.slowed: dict[str, float] = {}
+        # The earliest moment a buffered request held for its start may go.
+        self.held_until = 0.0
+        # Paced domains: the start the frontier gave the last request sent, and when
+        # it was sent.
+        self._paced: dict[str, tuple[float, float]] = {}
         # robots.txt: domains asked (when) and seen, for Crawl-delay.
         self.obey_robots = settings.getbool("ROBOTSTXT_OBEY")
         self.robots_agent = (
@@ -52,6 +62,7 @@ class LocalPoliteness:
         leases: LeaseBook,
         slots: dict[str, Any],
         per_domain: int,
+        now: float,
     ) -> Request | None:
         """The request to start now, taken from ``ready`` (in claim order).
 
@@ -62,13 +73,20 @@ class LocalPoliteness:
         the slot's concurrency, and its HTTP pool then opens connections only to
         close them again. With ROBOTSTXT_OBEY, a domain whose robots.txt this
         worker has not seen yet gets one request (which fetches robots.txt); the
-        others wait for its Crawl-delay."""
+        others wait for its Crawl-delay. A paced domain's request waits for the
+        moment the frontier gave it; ``held_until`` is then the earliest such moment
+        (0: none), for the caller to look again."""
+        self.held_until = 0.0
         if not ready:
             return None
-        now = time.time() if self.obey_robots else 0.0
         for i, request in enumerate(ready):
             lease = leases.of(request)
             domain = lease.domain if lease is not None else ""
+            start = self._paced_start(lease) if lease is not None and lease.send_at else 0.0
+            if start > now:
+                if not self.held_until or start < self.held_until:
+                    self.held_until = start
+                continue
             if self.obey_robots and not self._robots_allow(domain, now):
                 continue
             # A request handed over reaches its slot only after the downloader
@@ -78,10 +96,24 @@ class LocalPoliteness:
             busy = max(len(slot.active) if slot is not None else 0, leases.fetching(domain))
             if not limit or busy < limit:
                 del ready[i]
+                if start:
+                    assert lease is not None
+                    self._paced[domain] = (lease.send_at, now)
                 if self.obey_robots:
                     self.robots_asked.setdefault(domain, now)
                 return request
         return None
+
+    def _paced_start(self, lease: Lease) -> float:
+        """When a paced request may go: at its start, and never closer to the
+        previous request of its domain than 95% of the spacing the frontier gave
+        them (a request that went late, when the reactor or the machine stalled,
+        does not bunch with the next one; the worker catches up 5% per request)."""
+        start = lease.send_at
+        previous = self._paced.get(lease.domain)
+        if previous is not None and start > previous[0]:
+            start = max(start, previous[1] + CATCH_UP * (start - previous[0]))
+        return start
 
     def _robots_allow(self, domain: str, now: float) -> bool:
         asked = self.robots_asked.get(domain)
@@ -133,25 +165,40 @@ class LocalPoliteness:
                 del self.paused[domain]
         return self.paused
 
-    def slow_down(self, domain: str, why: Any) -> None:
-        """A 429: the domain's adaptive rate is halved (written for every worker)."""
-        if domain not in self.slowed:
-            logger.info(
-                "Halving the request rate of %(domain)s (%(why)s); it recovers slowly "
-                "while requests succeed",
-                {"domain": domain, "why": why},
-                extra={"spider": self.spider},
-            )
-        self.slowed[domain] = time.time()
-        self.stats.inc_value("reliability/domain/slowed")
 
-    def recovering(self, domain: str) -> bool:
-        """A request of ``domain`` succeeded: whether it counts towards the
-        recovery of a rate this worker slowed down."""
-        slowed = self.slowed.get(domain)
-        if slowed is None:
-            return False
-        if time.time() - slowed > RECOVERY_WINDOW:
-            del self.slowed[domain]
-            return False
-        return True
+def report_adapted(
+    ctx: Context, adapted: Mapping[str, tuple[ad.AdaptiveState, ad.AdaptiveState]]
+) -> None:
+    """Log and count what a write did to domains' adaptive rates: a limit learned
+    (INFO, once per overload event), a limit forgotten; the current and learned
+    rate of each as stats."""
+    params = ctx.config.politeness.adaptive
+    if params is None:
+        return
+    stats = ctx.stats
+    for domain, (before, after) in sorted(adapted.items()):
+        ceiling = ctx.config.politeness.limits_for(domain).rate
+        if ceiling <= 0:
+            continue
+        rate = ad.current_rate(after, ceiling, params)
+        stats.set_value(f"reliability/domain/rate/{domain}", round(rate, 3))
+        stats.set_value(f"reliability/domain/learned_limit/{domain}", round(after.limit, 3))
+        if after.last_decrease_at > before.last_decrease_at and after.limit > 0:
+            stats.inc_value("reliability/domain/rate_decreased")
+            logger.info(
+                "Learned a limit of %(limit).2f/s for %(domain)s (429 or ban signal); running "
+                "at %(rate).2f/s, for every worker, next probe in %(probe).0f s",
+                {
+                    "limit": after.limit,
+                    "domain": domain,
+                    "rate": rate,
+                    "probe": after.probe_interval,
+                },
+                extra=ctx.log(),
+            )
+        elif after.limit <= 0 < before.limit:
+            logger.info(
+                "%(domain)s takes its configured rate of %(rate).2f/s again: no limit below it",
+                {"domain": domain, "rate": ceiling},
+                extra=ctx.log(),
+            )

@@ -34,6 +34,7 @@ from scrapy_reliability.scheduling import refusals, settled
 from scrapy_reliability.scheduling.batches import MAX_BUFFERED, halves, units
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.leases import LeaseBook
+from scrapy_reliability.scheduling.politeness import report_adapted
 from scrapy_reliability.scheduling.storage import StorageHealth
 
 if TYPE_CHECKING:
@@ -188,7 +189,9 @@ class WritePipeline:
         self, job_id: int, batch: WriteBatch, claim: ClaimSpec | None = None
     ) -> WriteResult:
         assert self.ctx.frontier is not None
-        return self.ctx.frontier.write(job_id, batch, claim=claim)
+        return self.ctx.frontier.write(
+            job_id, batch, claim=claim, politeness=self.ctx.config.politeness
+        )
 
     def _written(
         self, future: Future[WriteResult], batch: WriteBatch, requests: dict[str, Request]
@@ -252,6 +255,8 @@ class WritePipeline:
                 self.leases.forget(task_id, transitions[task_id].token)
                 self.leases.end_settling(task_id, transitions[task_id].token)
             logger.warning("%(error)s", {"error": LeaseLost(result.lost)}, extra=self.ctx.log())
+        if result.adapted:
+            report_adapted(self.ctx, result.adapted)
         if inserted or result.settled:
             # New rows, rows back to pending, or leases freed under a domain's cap.
             self.claims.something_changed()

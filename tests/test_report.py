@@ -399,7 +399,7 @@ def test_report_command_on_each_backend(states: States, frontier_url: str, tmp_p
     assert failed.stdout.startswith(f"error: cannot write the report to {blocked / 'r.html'}")
 
 
-def test_report_reads_sqlite_while_nothing_else_runs(tmp_path: Path) -> None:
+def test_the_report_only_reads(tmp_path: Path) -> None:
     """The report only reads: the frontier file is unchanged byte for byte."""
     db = tmp_path / "frontier.sqlite"
     hostile_frontier(f"sqlite:///{db}", dead=1)
@@ -411,3 +411,21 @@ def test_report_reads_sqlite_while_nothing_else_runs(tmp_path: Path) -> None:
     assert frontier_cmd(tmp_path, "report", *common, "-o", str(out)).returncode == 0
     assert db.read_bytes() == before
     assert report_data(out.read_text(encoding="utf-8"))["counts"]["dead"] == 1
+
+
+def test_report_of_a_job_with_no_requests_says_so(tmp_path: Path, browser_page: Any) -> None:
+    db = f"sqlite:///{tmp_path / 'frontier.sqlite'}"
+    frontier = Frontier.connect(db)
+    try:
+        frontier.open_job("empty", SCHEME)
+    finally:
+        frontier.close()
+    out = tmp_path / "report.html"
+    result = frontier_cmd(tmp_path, "report", "--database-url", db, "-o", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    opened = browser_page(out)
+    assert opened.page_errors == [] and opened.console_errors == []
+    assert opened.page.evaluate("() => Object.keys(window.frontierReport.charts).length") == 0
+    empty = opened.page.eval_on_selector_all("p.empty", "ps => ps.map((p) => p.textContent)")
+    assert "No requests in this job yet." in empty and "No pending requests." in empty
+    assert opened.page.is_disabled("#dead-filter")

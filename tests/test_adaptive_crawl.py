@@ -1,8 +1,9 @@
 """The adaptive rate against a real site with a hidden per-host limit: real Scrapy
 crawls of the local test site, whose ``bucket`` limiter answers 429 (Retry-After: 1)
 to any request of a host above its token rate. Figures come from the site's own
-request log. Long (minutes each): ``python -m pytest -m long tests/test_adaptive_crawl.py -s``
-prints them."""
+request log. Minutes each, a CI step of their own, apart from other load (the site's
+limiter meters requests to the millisecond): ``python -m pytest -m adaptive -n 0 -s``
+prints the figures."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 from tests.crawling import Crawl, make_project, pages_in, read_jsonl
 
-pytestmark = [pytest.mark.slow, pytest.mark.long]
+pytestmark = [pytest.mark.slow, pytest.mark.adaptive]
 
 HIDDEN = 3.0  # requests/s per host the site accepts
 #: The polite defaults of a new project (4/s, burst 4, 4 at once), with retries enough

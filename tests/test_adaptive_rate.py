@@ -1,9 +1,8 @@
 """The adaptive rate (scrapy_reliability/frontier/adaptive.py), proven by a
 deterministic discrete-event simulation: a site with a hidden limit, one or two
 workers claiming through the frontier's token bucket and reporting outcomes in
-batches, out of order. The same simulation runs the adaptive rate as it is today
-(politeness.py and domains.py: halve on a 429, +2% of the configured rate per
-success) as the baseline. ``pytest -s`` prints the figures.
+batches, out of order. The same simulation runs the previous version's adaptive rate
+(halve on a 429, +2% of the configured rate per success) as the baseline. ``pytest -s`` prints the figures.
 
 The simulated crawl, as the frontier runs it:
 
@@ -127,8 +126,8 @@ class Adaptive:
 
 @dataclass
 class Baseline:
-    """Today's adaptive rate, reproduced from DomainRows.pause/apply_updates and
-    LocalPoliteness: a 429 halves the rate factor (at most once a second, never
+    """The previous version's adaptive rate (its DomainRows.pause/apply_updates and
+    LocalPoliteness): a 429 halves the rate factor (at most once a second, never
     below 5%); each success of a worker that saw a 429 within 600 s adds 2% of the
     configured rate, up to 100%."""
 
@@ -298,7 +297,7 @@ SITES = ("bucket", "window")
 @pytest.mark.parametrize("workers", [1, 2])
 def test_settles_below_a_hidden_limit(kind: str, workers: int) -> None:
     """Hidden limit 3/s, configured 4/s (burst 4, the polite default), 10 minutes:
-    after the first 30 s fewer than 1% 429s and at least 80% of the limit. Today's
+    after the first 30 s fewer than 1% 429s and at least 80% of the limit. The previous
     algorithm, simulated the same way, bounces: with the polite burst of 4, and
     with a burst of 1 too (the issue measured 4% 429s on the local site)."""
     new = crawl(Site(kind, [(0, 3)]), Adaptive(4.0, 4), workers=workers)
@@ -306,11 +305,11 @@ def test_settles_below_a_hidden_limit(kind: str, workers: int) -> None:
     old_1 = crawl(Site(kind, [(0, 3)]), Baseline(4.0, 1), workers=workers)
     print(f"\n[{kind} site, {workers} worker(s)]")
     print(report("  adaptive         ", new, 3.0))
-    print(report("  today's, burst 4 ", old, 3.0))
-    print(report("  today's, burst 1 ", old_1, 3.0))
+    print(report("  previous, burst 4 ", old, 3.0))
+    print(report("  previous, burst 1 ", old_1, 3.0))
     print("  adaptive, per minute:")
     print(new.curve(60.0))
-    print("  today's, burst 1, per minute:")
+    print("  previous, burst 1, per minute:")
     print(old_1.curve(60.0))
     assert new.share_429(30.0) < 0.01
     assert new.throughput(30.0, 10 * MINUTES) >= 0.8 * 3.0

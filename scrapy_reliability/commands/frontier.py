@@ -10,6 +10,8 @@ with the same settings would; ``--database-url`` and ``--job`` override):
   worker until when; not before T; domain paused until T; waiting for a token or
   a slot; due; never seen).
 * ``dead SPIDER``: list dead letters (``--output FILE`` exports them).
+* ``report SPIDER -o FILE``: one self-contained HTML file with charts and tables
+  (progress over time, outcomes, error classes, domains, oldest pending, dead letters).
 * ``requeue SPIDER``: dead requests back to pending (by class, domain, age).
 * ``purge SPIDER``: delete dead letters, drop pending requests, or a whole job.
 * ``migrate [SPIDER]``: upgrade the schema. ``doctor [SPIDER]``: check the setup.
@@ -32,6 +34,8 @@ from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.commands.doctor import check_setup
 from scrapy_reliability.commands.explain import explain_urls
 from scrapy_reliability.commands.operations import migrate_schema, purge, requeue_dead
+from scrapy_reliability.commands.report import write_report
+from scrapy_reliability.commands.report_html import ReportAssetMissing
 from scrapy_reliability.commands.reports import show_dead, show_domains, show_status
 from scrapy_reliability.config import SettingError
 from scrapy_reliability.frontier.errors import FrontierError, first_line
@@ -42,6 +46,7 @@ HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
     "domains": show_domains,
     "explain": explain_urls,
     "dead": show_dead,
+    "report": write_report,
     "requeue": requeue_dead,
     "purge": purge,
     "migrate": migrate_schema,
@@ -65,7 +70,8 @@ class FrontierCommand(ScrapyCommand):
         return (
             "Subcommands: status SPIDER (counts, domains, dead letters, oldest pending, "
             "workers); domains SPIDER; explain [SPIDER] URL... (why a URL is where it is); "
-            "dead SPIDER (list, --output FILE to export); requeue SPIDER (dead requests "
+            "dead SPIDER (list, --output FILE to export); report SPIDER -o FILE (an HTML "
+            "report with charts, opens offline); requeue SPIDER (dead requests "
             "back to pending); purge SPIDER (--dead-letters, --pending or --whole-job, with "
             "--yes); migrate [SPIDER]; doctor [SPIDER]. --json for scripts."
         )
@@ -100,10 +106,16 @@ class FrontierCommand(ScrapyCommand):
             help="dead, requeue, purge: only failures at least this old (30m, 6h, 2d)",
         )
         group.add_argument(
-            "--limit", type=int, default=None, help="rows to show (0: all; default 50)"
+            "--limit",
+            type=int,
+            default=None,
+            help="rows to show (0: all; default 50; report: dead letters listed, default 1000)",
         )
         group.add_argument(
-            "--output", metavar="FILE", help="dead: export to FILE (.jsonl, or .csv)"
+            "-o",
+            "--output",
+            metavar="FILE",
+            help="dead: export to FILE (.jsonl, or .csv); report: the HTML file to write",
         )
         group.add_argument(
             "--dry-run", action="store_true", help="requeue, purge: only count what would change"
@@ -131,7 +143,7 @@ class FrontierCommand(ScrapyCommand):
         context = Context(self.settings, opts)
         try:
             result = handler(context, args[1:])
-        except (CommandFailed, FrontierError, SettingError) as exc:
+        except (CommandFailed, FrontierError, SettingError, ReportAssetMissing) as exc:
             context.fail(str(exc))
             self.exitcode = 1
             return

@@ -2,7 +2,8 @@
 deterministic discrete-event simulation: a site with a hidden limit, one or two
 workers claiming through the frontier's token bucket and reporting outcomes in
 batches, out of order. The same simulation runs the previous version's adaptive rate
-(halve on a 429, +2% of the configured rate per success) as the baseline. ``pytest -s`` prints the figures.
+(halve on a 429, +2% of the configured rate per success) as the baseline.
+``pytest -s`` prints the figures.
 
 The simulated crawl, as the frontier runs it:
 

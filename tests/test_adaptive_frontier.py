@@ -11,7 +11,14 @@ import json
 import pytest
 from sqlalchemy import select, update
 
-from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
+from scrapy_reliability.frontier import (
+    ClaimResult,
+    Frontier,
+    NewRequest,
+    Outcome,
+    Transition,
+    WriteBatch,
+)
 from scrapy_reliability.frontier import adaptive as ad
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.politeness import (
@@ -128,6 +135,15 @@ def test_a_429_learns_a_limit_once_per_event_and_successes_grow_only_learned_dom
     assert changed["busy.test"][1].rate == pytest.approx(0.7 * grown)
 
 
+def _assert_burst_then_ahead(claimed: ClaimResult, now: float) -> None:
+    """The configured burst of 4 at once, then the tokens of the next second at 4/s,
+    each with its start."""
+    at_once = [row for row in claimed.rows if row.id not in claimed.starts]
+    assert len(at_once) == 4
+    starts = sorted(claimed.starts.values())
+    assert starts == pytest.approx([now + 0.25 * k for k in range(1, 5)])
+
+
 def _has_row(frontier: Frontier, job: int, domain: str) -> bool:
     with reading(frontier.engine) as conn:
         return (
@@ -143,7 +159,7 @@ def test_the_claim_runs_at_the_learned_rate_with_a_burst_of_one(frontier: Fronti
     add(frontier, job, _rows("busy.test", 40))
     # Before: the configured burst of 4 starts at once.
     first = frontier.claim(job, "w", 10, lease_seconds=60, politeness=POLICY, now=100.0)
-    assert len(first.rows) == 4 and first.starts == {}  # at once: not paced
+    _assert_burst_then_ahead(first, 100.0)
     _throttle(frontier, job, claimed_at=200.0, now=200.0)
     rate = _row(frontier, job, "busy.test")["adaptive_rate"]
     assert rate == pytest.approx(2.8)
@@ -193,7 +209,7 @@ def test_a_corrupt_stored_state_falls_back_to_the_configured_rate(frontier: Fron
             .values(adaptive_rate=-5.0, tat=0.0)
         )
     got = frontier.claim(job, "w", 10, lease_seconds=60, politeness=POLICY, now=500.0)
-    assert len(got.rows) == 4  # the configured burst: nothing learned is trusted
+    _assert_burst_then_ahead(got, 500.0)  # the configured burst: nothing learned is trusted
     # ... and the next 429 learns again from the configured rate.
     changed = _throttle(frontier, job, claimed_at=600.0, now=600.0)
     assert changed["busy.test"][1].limit == 4.0

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from scrapy_reliability.frontier.adaptive import AdaptiveState
 from scrapy_reliability.frontier.inspect import Probe
 from scrapy_reliability.monitoring.counters import Counters
 from scrapy_reliability.monitoring.metrics import Metrics
@@ -47,6 +48,7 @@ def exported() -> dict[str, set[str]]:
         {"permanent": 1},
         paused={"a.test": now + 60},
         oldest_pending_at=now - 60,
+        learned={"a.test": AdaptiveState(rate=2.7, limit=3.0)},
     )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Metrics(counters, _Stats(), lambda: probe))  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ from scrapy.settings import Settings
 
 from scrapy_reliability.config import Config, SettingError
 from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
-from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
+from scrapy_reliability.frontier.politeness import PACE_AHEAD, DomainLimits, Politeness
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess, max_per_window
 from tests.crawling import Crawl, make_project, pages_in, read_jsonl
 from tests.frontier_helpers import add
@@ -86,24 +86,36 @@ def test_token_bucket_and_concurrency_cap_at_claim(frontier_url: str):
     try:
         job = frontier.open_job("polite", "s").id
         add(frontier, job, _rows("a.test", 50))
-        policy = Politeness(DomainLimits(rate=5.0, burst=2, concurrency=3))
+        policy = Politeness(DomainLimits(rate=5.0, burst=2, concurrency=10))
         now = 1000.0
-        first = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now)
-        assert len(first.rows) == 2  # the burst
-        assert frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now).rows == []
-        nothing = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now)
-        assert nothing.next_due == pytest.approx(now + 0.2, abs=0.03)
-        later = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now + 0.25)
-        assert len(later.rows) == 1
-        # Concurrency: 3 leased, the cap, whatever the tokens say.
-        capped = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now + 10)
+        first = frontier.claim(job, "w", 20, lease_seconds=30, politeness=policy, now=now)
+        # The burst of 2 at once, then the tokens of the next second (PACE_AHEAD), each
+        # with its start, 1/rate apart.
+        assert sum(1 for r in first.rows if r.id not in first.starts) == 2
+        starts = sorted(first.starts.values())
+        assert starts == pytest.approx([now + 0.2 * k for k in range(1, len(starts) + 1)])
+        assert starts[-1] <= now + PACE_AHEAD
+        nothing = frontier.claim(job, "w", 20, lease_seconds=30, politeness=policy, now=now)
+        assert nothing.rows == []
+        assert nothing.next_due == pytest.approx(starts[-1] + 0.2 - PACE_AHEAD)
+        later = frontier.claim(
+            job, "w", 20, lease_seconds=30, politeness=policy, now=nothing.next_due
+        )
+        assert list(later.starts.values()) == pytest.approx([starts[-1] + 0.2])
+        # Concurrency: leased rows up to the cap, whatever the tokens say.
+        capped_policy = Politeness(DomainLimits(rate=5.0, burst=2, concurrency=len(first.rows)))
+        capped = frontier.claim(
+            job, "w", 20, lease_seconds=30, politeness=capped_policy, now=now + 10
+        )
         assert capped.rows == []
         frontier.write(
             job,
             WriteBatch(transitions=[Transition(r.id, r.token, Outcome.DONE) for r in first.rows]),
         )
-        freed = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy, now=now + 10)
-        assert len(freed.rows) == 2
+        freed = frontier.claim(
+            job, "w", 20, lease_seconds=30, politeness=capped_policy, now=now + 10
+        )
+        assert 0 < len(freed.rows) <= len(first.rows) - 1  # the later row is still leased
     finally:
         frontier.close()
 

@@ -84,7 +84,13 @@ class Claimer:
                 now=now,
             )
             rows.sort(key=lambda c: (-c.priority, -c.id if newest_first else c.id))
-            return ClaimResult(rows, starts=starts)
+            if len(rows) >= limit:
+                return ClaimResult(rows, starts=starts)
+            # Fewer than asked: say when the next may start, so that the worker does
+            # not claim again at once only to find nothing (one statement here saves
+            # a whole transaction).
+            after = self._nothing_due(conn, job_id, worker_id, policy, now)
+            return ClaimResult(rows, after.next_due, after.leased_elsewhere, starts)
         return self._nothing_due(conn, job_id, worker_id, policy, now)
 
     def _nothing_due(

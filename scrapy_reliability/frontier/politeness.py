@@ -120,11 +120,14 @@ def _adaptive_params(raw: Any) -> ad.AdaptiveParams | None:
     return ad.AdaptiveParams(**{k: float(v) for k, v in dict(raw).items() if k in known})
 
 
-#: A paced domain's request starts at least this long after its claim: the time a
-#: claimed row takes to reach the downloader (the claim's commit, the hand-over to
-#: the worker's reactor), so that it is waiting there when its moment comes...
-PACE_LEAD = 0.25
-#: ... and a claim takes a paced domain's tokens up to this far beyond that.
+#: A paced domain's request (a burst of 1) starts at least this long after its
+#: claim: the time a claimed row takes to reach the downloader (the claim's commit,
+#: the hand-over to the worker's reactor), so that it is waiting there when its
+#: moment comes.
+PACE_LEAD = 0.5
+#: A claim takes a rate-limited domain's tokens up to this far ahead: the worker
+#: holds each request until its token's time, and claims about once a second per
+#: domain rather than once per token.
 PACE_AHEAD = 1.0
 
 
@@ -178,22 +181,25 @@ class DomainState:
         return self.tat - (self.burst(limits, policy) - 1) / rate
 
     def claimable_at(self, limits: DomainLimits, policy: Politeness, now: float) -> float:
-        """When a claim may take the next request: a paced domain's ahead of its
-        start (see :func:`try_take`)."""
+        """When a claim may take the next request: ahead of its token's time (see
+        :func:`try_take`)."""
         available = self.available_at(limits, policy, now)
-        if available and self.burst(limits, policy) == 1:
-            return available - PACE_LEAD - PACE_AHEAD
-        return available
+        if not available:
+            return available
+        lead = PACE_LEAD if self.burst(limits, policy) == 1 else 0.0
+        return available - lead - PACE_AHEAD
 
     def try_take(
         self, limits: DomainLimits, policy: Politeness, now: float, rng: random.Random
     ) -> float | None:
         """Take one request if the limits allow (updating the state); None if they
-        do not. Returns when it should start: 0.0 for at once, or for a *paced*
-        domain (rate-limited with a burst of 1) the time of its token, at least
-        ``PACE_LEAD`` from ``now``. The worker holds the request until then, so
-        the spacing the bucket gave reaches the site whatever delays the claim's
-        commit and the worker add, and whichever worker holds it."""
+        do not. Returns when it should start: 0.0 for at once, else the time of its
+        token, up to ``PACE_AHEAD`` from ``now`` (a claim takes the tokens of the
+        next second). The worker holds the request until then. For a *paced*
+        domain (a burst of 1) every request gets its token's time, at least
+        ``PACE_LEAD`` from ``now``: the spacing the bucket gave reaches the site
+        whatever delays the claim's commit and the worker add, and whichever
+        worker holds it."""
         if self.paused_until > now:
             return None
         if limits.concurrency and self.leased >= limits.concurrency:
@@ -209,9 +215,12 @@ class DomainState:
                 start = max(self.tat, earliest)
                 self.tat = start + gap
             else:
-                if now < self.available_at(limits, policy, now):
+                available = self.available_at(limits, policy, now)
+                if available > now + PACE_AHEAD:
                     return None
-                self.tat = max(self.tat, now) + gap
+                if available > now:
+                    start = available
+                self.tat = max(self.tat, start or now) + gap
         self.leased += 1
         self.changed = True
         return start

@@ -78,10 +78,11 @@ class Claimed:
 @dataclass(frozen=True)
 class ClaimResult:
     rows: list[Claimed]
-    #: When nothing was due: the earliest ``not_before`` of the job's pending
-    #: rows (None when there are none).
+    #: When fewer rows than asked were due: the earliest moment one of the job's
+    #: pending rows may be claimed (its ``not_before``, its domain's pause and token
+    #: bucket); None when none is pending, or when as many rows as asked came.
     next_due: float | None = None
-    #: When nothing was due: how many rows other workers hold leased.
+    #: When fewer rows than asked were due: how many rows other workers hold leased.
     leased_elsewhere: int = 0
     #: Rows of paced domains (see ``DomainState.try_take``): when each should start.
     #: The others start at once.

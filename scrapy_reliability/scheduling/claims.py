@@ -151,6 +151,11 @@ class ClaimBuffer:
         if result.rows:
             self._poll_delay = _FIRST_POLL_SECONDS
             self.something_changed()
+            if result.next_due is not None:
+                # Fewer rows than asked: nothing more may start before then (unless
+                # a write changes that).
+                self.idle_until = max(result.next_due, self.ctx.clock.seconds() + 0.05)
+                self.wake_at(self.idle_until)
             self.ctx.stats.inc_value("reliability/claimed", len(result.rows))
             handed = sum(self._rebuild(row, result.starts.get(row.id, 0.0)) for row in result.rows)
             crash_point("claimed")

@@ -14,6 +14,7 @@ with the same settings would; ``--database-url`` and ``--job`` override):
   (progress over time, outcomes, error classes, domains, oldest pending, dead letters).
 * ``requeue SPIDER``: dead requests back to pending (by class, domain, age).
 * ``purge SPIDER``: delete dead letters, drop pending requests, or a whole job.
+* ``move SPIDER --to URL``: copy the job (every run and row) to another database.
 * ``migrate [SPIDER]``: upgrade the schema. ``doctor [SPIDER]``: check the setup.
 
 Tables for people; ``--json`` prints one JSON document for scripts (errors too:
@@ -33,6 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.commands.doctor import check_setup
 from scrapy_reliability.commands.explain import explain_urls
+from scrapy_reliability.commands.move import move_job
 from scrapy_reliability.commands.operations import migrate_schema, purge, requeue_dead
 from scrapy_reliability.commands.report import write_report
 from scrapy_reliability.commands.report_html import ReportAssetMissing
@@ -49,6 +51,7 @@ HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
     "report": write_report,
     "requeue": requeue_dead,
     "purge": purge,
+    "move": move_job,
     "migrate": migrate_schema,
     "doctor": check_setup,
 }
@@ -73,7 +76,8 @@ class FrontierCommand(ScrapyCommand):
             "dead SPIDER (list, --output FILE to export); report SPIDER -o FILE (an HTML "
             "report with charts, opens offline); requeue SPIDER (dead requests "
             "back to pending); purge SPIDER (--dead-letters, --pending or --whole-job, with "
-            "--yes); migrate [SPIDER]; doctor [SPIDER]. --json for scripts."
+            "--yes); move SPIDER --to URL (copy the job to another database); "
+            "migrate [SPIDER]; doctor [SPIDER]. --json for scripts."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
@@ -130,6 +134,9 @@ class FrontierCommand(ScrapyCommand):
         )
         group.add_argument(
             "--force", action="store_true", help="purge --whole-job even with live workers"
+        )
+        group.add_argument(
+            "--to", metavar="URL", help="move: the database to copy the job to (source kept)"
         )
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:

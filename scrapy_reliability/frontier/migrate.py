@@ -68,7 +68,7 @@ def upgrade(engine: Engine, *, create_only: bool = False) -> tuple[str | None, s
                         "its schema version is unknown. Point RELIABILITY_DATABASE_URL at "
                         "another database or drop those tables."
                     )
-            elif before not in _known_revisions():
+            elif before not in known_revisions():
                 raise SchemaTooNew(url, before)
             elif create_only and before != head_revision():
                 raise SchemaOutdated(url, before, head_revision())
@@ -80,7 +80,8 @@ def upgrade(engine: Engine, *, create_only: bool = False) -> tuple[str | None, s
     return before, head_revision()
 
 
-def _known_revisions() -> set[str]:
+def known_revisions() -> set[str]:
+    """Every schema revision this release knows."""
     return {rev.revision for rev in ScriptDirectory.from_config(_config()).walk_revisions()}
 
 
@@ -176,7 +177,7 @@ def check(engine: Engine, *, auto_migrate: bool) -> None:
         # looks again under the lock.
         upgrade(engine, create_only=not auto_migrate)
         return
-    if current not in _known_revisions():
+    if current not in known_revisions():
         raise SchemaTooNew(url, current)
     if not auto_migrate:
         raise SchemaOutdated(url, current, head)

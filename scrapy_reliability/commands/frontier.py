@@ -14,6 +14,8 @@ with the same settings would; ``--database-url`` and ``--job`` override):
   (progress over time, outcomes, error classes, domains, oldest pending, dead letters).
 * ``requeue SPIDER``: dead requests back to pending (by class, domain, age).
 * ``purge SPIDER``: delete dead letters, drop pending requests, or a whole job.
+* ``rekey SPIDER``: compute every row's dedup key again under the crawl's request
+  fingerprinter and canonical URL policy, merging rows of one page (``--dry-run``).
 * ``migrate [SPIDER]``: upgrade the schema. ``doctor [SPIDER]``: check the setup.
 
 Tables for people; ``--json`` prints one JSON document for scripts (errors too:
@@ -34,6 +36,7 @@ from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.commands.doctor import check_setup
 from scrapy_reliability.commands.explain import explain_urls
 from scrapy_reliability.commands.operations import migrate_schema, purge, requeue_dead
+from scrapy_reliability.commands.rekey import rekey
 from scrapy_reliability.commands.report import write_report
 from scrapy_reliability.commands.report_html import ReportAssetMissing
 from scrapy_reliability.commands.reports import show_dead, show_domains, show_status
@@ -49,6 +52,7 @@ HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
     "report": write_report,
     "requeue": requeue_dead,
     "purge": purge,
+    "rekey": rekey,
     "migrate": migrate_schema,
     "doctor": check_setup,
 }
@@ -73,7 +77,8 @@ class FrontierCommand(ScrapyCommand):
             "dead SPIDER (list, --output FILE to export); report SPIDER -o FILE (an HTML "
             "report with charts, opens offline); requeue SPIDER (dead requests "
             "back to pending); purge SPIDER (--dead-letters, --pending or --whole-job, with "
-            "--yes); migrate [SPIDER]; doctor [SPIDER]. --json for scripts."
+            "--yes); rekey SPIDER (dedup keys under the current canonical URL policy, rows of "
+            "one page merged); migrate [SPIDER]; doctor [SPIDER]. --json for scripts."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
@@ -118,7 +123,9 @@ class FrontierCommand(ScrapyCommand):
             help="dead: export to FILE (.jsonl, or .csv); report: the HTML file to write",
         )
         group.add_argument(
-            "--dry-run", action="store_true", help="requeue, purge: only count what would change"
+            "--dry-run",
+            action="store_true",
+            help="requeue, purge, rekey: only count what would change",
         )
         group.add_argument("--yes", action="store_true", help="purge: really delete")
         group.add_argument("--dead-letters", action="store_true", help="purge dead letters")

@@ -129,6 +129,12 @@ class DomainRule:
     keep_params: tuple[str, ...] = ()
     trailing_slash: str = "keep"
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "drop_params", _names(self.drop_params))
+        object.__setattr__(self, "keep_params", _names(self.keep_params))
+        if self.trailing_slash not in TRAILING_SLASH_RULES:
+            raise ValueError(f"trailing_slash must be one of {', '.join(TRAILING_SLASH_RULES)}")
+
     def normalized(self) -> dict[str, Any]:
         return {
             "drop_params": list(self.drop_params),
@@ -150,6 +156,14 @@ class CanonicalPolicy:
     drop_params: tuple[str, ...] = DEFAULT_DROP_PARAMS
     keep_params: tuple[str, ...] = ()
     domains: Mapping[str, DomainRule] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Equal rules, however spelled, are one policy (and one version).
+        object.__setattr__(self, "drop_params", _names(self.drop_params))
+        object.__setattr__(self, "keep_params", _names(self.keep_params))
+        object.__setattr__(
+            self, "domains", {d.strip(".").lower(): r for d, r in self.domains.items()}
+        )
 
     def rule_for(self, host: str) -> DomainRule | None:
         if not self.domains or not host:

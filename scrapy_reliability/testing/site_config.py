@@ -231,10 +231,11 @@ def page_links(config: SiteConfig, host: str, i: int) -> list[str]:
 
 def variant_links(name: str, c: int, i: int) -> list[str]:
     """The links of page ``i`` to its child ``c`` with ``--variant-links NAME``
-    (rotated by ``c``): the plain ``http://NAME/p/c`` and the same page with tracking parameters (utm_*,
-    fbclid and gclid, _ga and mc_eid), the host in upper case, the default port
-    ``:80``, a fragment, and the scheme in upper case. The site serves each as the
-    same page (the query is ignored, a fragment is never sent)."""
+    (rotated by ``c``): the plain ``http://NAME/p/c`` and the same page with
+    tracking parameters (utm_*, fbclid and gclid, _ga and mc_eid), the host in upper
+    case, the default port ``:80``, a fragment, and the scheme in upper case. The
+    site serves each as the same page (the query is ignored, a fragment is never
+    sent)."""
     plain = f"http://{name}/p/{c}"
     links = [
         plain,

@@ -5,7 +5,8 @@ The public API is what a project names in its settings::
     ADDONS = {"scrapy_reliability.Addon": 0}
 
 plus :class:`Scheduler` and :class:`DupeFilter` for projects that configure
-components by hand. Everything else is private.
+components by hand, and :class:`CanonicalFingerprinter` (the add-on's default
+``REQUEST_FINGERPRINTER_CLASS``). Everything else is private.
 """
 
 from __future__ import annotations
@@ -14,17 +15,27 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Addon", "DeadLetter", "DupeFilter", "RetryMiddleware", "Scheduler", "__version__"]
+__all__ = [
+    "Addon",
+    "CanonicalFingerprinter",
+    "DeadLetter",
+    "DupeFilter",
+    "RetryMiddleware",
+    "Scheduler",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from scrapy_reliability.addon import Addon
     from scrapy_reliability.dupefilter import DupeFilter
+    from scrapy_reliability.fingerprint import CanonicalFingerprinter
     from scrapy_reliability.items import DeadLetter
     from scrapy_reliability.middlewares import RetryMiddleware
     from scrapy_reliability.scheduler import Scheduler
 
 _LAZY = {
     "Addon": "scrapy_reliability.addon",
+    "CanonicalFingerprinter": "scrapy_reliability.fingerprint",
     "DeadLetter": "scrapy_reliability.items",
     "DupeFilter": "scrapy_reliability.dupefilter",
     "RetryMiddleware": "scrapy_reliability.middlewares",

@@ -24,12 +24,18 @@ from scrapy_reliability import _jobs
 from scrapy_reliability.config import Config, SettingError
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.errors import FrontierError, FrontierUnavailable, first_line
+from scrapy_reliability.frontier.schema import JOB_RUNNING
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
 
+    from scrapy_reliability.frontier import Frontier
+
 logger = logging.getLogger(__name__)
+
+#: Scrapy's "addon" setting priority.
+_ADDON_PRIORITY = 15
 
 
 @contextlib.contextmanager
@@ -74,9 +80,15 @@ def check_frontier(crawler: Crawler | None, settings: BaseSettings, config: Conf
 
     url = _jobs.database_url(config, settings, spider.name)
     try:
-        Frontier.connect(
+        frontier = Frontier.connect(
             url, auto_migrate=config.auto_migrate, busy_timeout=config.sqlite_busy_timeout
-        ).close()
+        )
+        try:
+            _keep_job_fingerprinter(
+                frontier, settings, config, _jobs.job_name(config, settings, spider.name)
+            )
+        finally:
+            frontier.close()
     except SQLAlchemyError as exc:  # e.g. a role without the right to create tables
         parsed = dialect.parse_url(url)
         raise FrontierUnavailable(
@@ -84,6 +96,32 @@ def check_frontier(crawler: Crawler | None, settings: BaseSettings, config: Conf
             f"{dialect.scrub(first_line(exc) or type(exc).__name__, parsed)}. Check "
             "RELIABILITY_DATABASE_URL and the privileges of its user."
         ) from None
+
+
+def _keep_job_fingerprinter(
+    frontier: Frontier, settings: BaseSettings, config: Config, name: str
+) -> None:
+    """A running job keyed by Scrapy's own fingerprinter (every job started before
+    canonical URLs) keeps it: the add-on's default would key its rows anew and
+    fetch its pages again. `scrapy frontier rekey` moves it to canonical URLs."""
+    from scrapy_reliability.fingerprint import PUBLIC_NAME, SCRAPY_FINGERPRINTER
+
+    if settings.getpriority("REQUEST_FINGERPRINTER_CLASS") != _ADDON_PRIORITY or (
+        settings.get("REQUEST_FINGERPRINTER_CLASS") != PUBLIC_NAME
+    ):
+        return  # the project chose its fingerprinter: the job's check stands
+    found = frontier.job_keys(name)
+    if found is None:
+        return
+    state, scheme, policy = found
+    resumes = state == JOB_RUNNING or config.retry_pass is not None
+    if resumes and scheme == SCRAPY_FINGERPRINTER and policy is None:
+        settings.set("REQUEST_FINGERPRINTER_CLASS", SCRAPY_FINGERPRINTER, "addon")
+        logger.info(
+            "Job %(job)s was started with Scrapy's request fingerprints and keeps them; "
+            "`scrapy frontier rekey` moves it to canonical URLs (docs/canonical-urls.md).",
+            {"job": name},
+        )
 
 
 def _frontier_schedules(settings: BaseSettings) -> bool:

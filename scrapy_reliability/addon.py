@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from scrapy.settings import BaseSettings
 
 from scrapy_reliability import _startup
+from scrapy_reliability.fingerprint import PUBLIC_NAME
 from scrapy_reliability.middlewares import RetryMiddleware
 from scrapy_reliability.monitoring import CrawlMonitor, install_json_logs
 from scrapy_reliability.settings_values import bool_setting
@@ -26,8 +27,13 @@ class Addon:
     :class:`scrapy_reliability.RetryMiddleware` (``RELIABILITY_RETRY_ENABLED =
     False`` keeps Scrapy's). Scrapy's redirect middleware keeps working on top:
     a redirected request is the same frontier row, sent back to pending.
-    It also enables :class:`scrapy_reliability.monitoring.CrawlMonitor` (JSON
-    logs, the periodic frontier summary, Prometheus metrics), and where
+    Requests are deduplicated by their canonical URL:
+    ``REQUEST_FINGERPRINTER_CLASS`` becomes
+    :class:`scrapy_reliability.CanonicalFingerprinter` (a project that sets it keeps
+    its own; a job started under Scrapy's own keeps Scrapy's until re-keyed, see
+    docs/canonical-urls.md). It also enables
+    :class:`scrapy_reliability.monitoring.CrawlMonitor` (JSON logs, the periodic
+    frontier summary, Prometheus metrics), and where
     ``DOWNLOAD_HANDLERS`` names scrapy-playwright's handler it puts
     :class:`scrapy_reliability.playwright_handler.PlaywrightDownloadHandler` there
     instead: the same handler, whose browser requests always come back.
@@ -47,6 +53,7 @@ class Addon:
     def update_settings(self, settings: BaseSettings) -> None:
         settings.set("SCHEDULER", "scrapy_reliability.Scheduler", "addon")
         settings.set("DUPEFILTER_CLASS", "scrapy_reliability.DupeFilter", "addon")
+        settings.set("REQUEST_FINGERPRINTER_CLASS", PUBLIC_NAME, "addon")
         if bool_setting(settings, "RELIABILITY_RETRY_ENABLED", True):
             self._replace_retry_middleware(settings)
         self._enable_monitor(settings)

@@ -17,6 +17,7 @@ from typing import Any
 
 from scrapy.settings import BaseSettings
 
+from scrapy_reliability.canonical import CanonicalPolicy, policy_from_settings
 from scrapy_reliability.domain_limits import LimitsOrigin, _politeness, limits_text
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.settings_values import (
@@ -205,6 +206,8 @@ class Config:
     limits_origin: LimitsOrigin = field(default_factory=LimitsOrigin)
     #: JSON logs, the periodic summary and Prometheus metrics.
     monitoring: Monitoring = field(default_factory=Monitoring)
+    #: The canonical URL policy (RELIABILITY_CANONICAL_*): what CanonicalFingerprinter keys.
+    canonical: CanonicalPolicy = field(default_factory=CanonicalPolicy)
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Config:
@@ -270,6 +273,7 @@ class Config:
             politeness=politeness,
             limits_origin=origin,
             monitoring=Monitoring.from_settings(settings),
+            canonical=policy_from_settings(settings),
             max_in_flight=(
                 positive_int(settings, "RELIABILITY_MAX_IN_FLIGHT", 1, maximum=MAX_COUNT)
                 if settings.get("RELIABILITY_MAX_IN_FLIGHT") is not None

@@ -82,6 +82,13 @@ class DupeFilter(BaseDupeFilter):
         cls = type(self.fingerprinter)
         return f"{cls.__module__}.{cls.__qualname__}"
 
+    @property
+    def url_policy(self) -> str | None:
+        """The fingerprinter's canonical URL policy version (None: it has none),
+        stored with the job like :attr:`scheme`."""
+        version = getattr(self.fingerprinter, "policy_version", None)
+        return version if isinstance(version, str) else None
+
     def key(self, request: Request) -> str:
         return str(self.fingerprinter.fingerprint(request).hex())
 
@@ -98,7 +105,9 @@ class DupeFilter(BaseDupeFilter):
             busy_timeout=self.config.sqlite_busy_timeout,
         )
         self._job = self._frontier.open_job(
-            _jobs.job_name(self.config, settings, spider.name) + ":dupefilter", self.scheme
+            _jobs.job_name(self.config, settings, spider.name) + ":dupefilter",
+            self.scheme,
+            url_policy=self.url_policy,
         )
 
     def request_seen(self, request: Request) -> bool:

@@ -10,8 +10,8 @@ from typing import Any
 
 from scrapy.exceptions import UsageError
 from scrapy.settings import BaseSettings
-from w3lib.url import canonicalize_url
 
+from scrapy_reliability.canonical import canonical_or_same
 from scrapy_reliability.commands.context import Context
 from scrapy_reliability.commands.reports import domain_limits_text
 from scrapy_reliability.commands.text import ago, when
@@ -28,7 +28,8 @@ def explain_urls(ctx: Context, args: list[str]) -> None:
     inspector, job = ctx.job(spider)
     config = ctx.config(spider)
     limits, _ = ctx.limits(job, spider)
-    fingerprint = _fingerprinter(ctx.settings_for(spider))
+    settings = ctx.settings_for(spider)
+    fingerprint = _fingerprinter(settings, job.dedup_scheme)
     found: list[dict[str, Any]] = []
     for url in urls:
         keys: list[str] = []
@@ -38,7 +39,7 @@ def explain_urls(ctx: Context, args: list[str]) -> None:
         explanations = inspector.explain(
             job,
             keys=keys,
-            urls=[url, _canonical(url)],
+            urls=[url, canonical_or_same(url, config.canonical)],
             politeness=limits,
             newest_first=config.order == "dfs",
             live_within=config.lease_seconds,
@@ -135,23 +136,16 @@ def _explain_text(exp: Explanation, now: float, spider: str) -> str:
     return f"pending (task {row.id}): " + "; ".join(parts)
 
 
-def _canonical(url: str) -> str:
-    try:
-        return str(canonicalize_url(url))
-    except ValueError:
-        return url
-
-
-def _fingerprinter(settings: BaseSettings) -> Callable[[str], str] | None:
-    """The crawl's request fingerprint of a GET of a URL, when its fingerprinter can
-    be built without a crawler (Scrapy's own can); else None (URLs are matched)."""
+def _fingerprinter(settings: BaseSettings, scheme: str) -> Callable[[str], str] | None:
+    """The job's request fingerprint of a GET of a URL (its fingerprinter class,
+    ``scheme``, built with these settings), when it can be built without a crawler
+    (Scrapy's own and CanonicalFingerprinter can); else None (URLs are matched)."""
     from scrapy import Request
-    from scrapy.utils.misc import load_object
 
-    try:
-        cls = load_object(settings["REQUEST_FINGERPRINTER_CLASS"])
-        fingerprinter = cls()
-    except Exception:  # a custom fingerprinter may need a crawler: fall back to URLs
+    from scrapy_reliability.fingerprint import build_fingerprinter
+
+    fingerprinter = build_fingerprinter(settings, scheme)
+    if fingerprinter is None:  # a custom fingerprinter may need a crawler
         return None
 
     def fingerprint(url: str) -> str:

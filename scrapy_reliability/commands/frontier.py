@@ -15,6 +15,8 @@ with the same settings would; ``--database-url`` and ``--job`` override):
 * ``requeue SPIDER``: dead requests back to pending (by class, domain, age).
 * ``purge SPIDER``: delete dead letters, drop pending requests, or a whole job.
 * ``move SPIDER --to URL``: copy the job (every run and row) to another database.
+* ``rekey SPIDER``: compute every row's dedup key again under the crawl's request
+  fingerprinter and canonical URL policy, merging rows of one page (``--dry-run``).
 * ``migrate [SPIDER]``: upgrade the schema. ``doctor [SPIDER]``: check the setup.
 
 Tables for people; ``--json`` prints one JSON document for scripts (errors too:
@@ -36,6 +38,7 @@ from scrapy_reliability.commands.doctor import check_setup
 from scrapy_reliability.commands.explain import explain_urls
 from scrapy_reliability.commands.move import move_job
 from scrapy_reliability.commands.operations import migrate_schema, purge, requeue_dead
+from scrapy_reliability.commands.rekey import rekey
 from scrapy_reliability.commands.report import write_report
 from scrapy_reliability.commands.report_html import ReportAssetMissing
 from scrapy_reliability.commands.reports import show_dead, show_domains, show_status
@@ -52,6 +55,7 @@ HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
     "requeue": requeue_dead,
     "purge": purge,
     "move": move_job,
+    "rekey": rekey,
     "migrate": migrate_schema,
     "doctor": check_setup,
 }
@@ -76,7 +80,8 @@ class FrontierCommand(ScrapyCommand):
             "dead SPIDER (list, --output FILE to export); report SPIDER -o FILE (an HTML "
             "report with charts, opens offline); requeue SPIDER (dead requests "
             "back to pending); purge SPIDER (--dead-letters, --pending or --whole-job, with "
-            "--yes); move SPIDER --to URL (copy the job to another database); "
+            "--yes); move SPIDER --to URL (copy the job to another database); rekey SPIDER "
+            "(dedup keys under the current canonical URL policy, rows of one page merged); "
             "migrate [SPIDER]; doctor [SPIDER]. --json for scripts."
         )
 
@@ -122,7 +127,9 @@ class FrontierCommand(ScrapyCommand):
             help="dead: export to FILE (.jsonl, or .csv); report: the HTML file to write",
         )
         group.add_argument(
-            "--dry-run", action="store_true", help="requeue, purge: only count what would change"
+            "--dry-run",
+            action="store_true",
+            help="requeue, purge, rekey: only count what would change",
         )
         group.add_argument("--yes", action="store_true", help="purge: really delete")
         group.add_argument("--dead-letters", action="store_true", help="purge dead letters")

@@ -20,6 +20,7 @@ from scrapy_reliability.frontier.schema import (
     JOB_RUNNING,
     LEASED,
     PENDING,
+    fingerprints,
     jobs,
     requests,
     workers,
@@ -34,6 +35,7 @@ def open_job(
     name: str,
     dedup_scheme: str,
     *,
+    url_policy: str | None = None,
     reuse_finished: bool,
     restart_finished: bool,
     now: float,
@@ -46,6 +48,7 @@ def open_job(
             jobs.c.generation,
             jobs.c.state,
             jobs.c.dedup_scheme,
+            jobs.c.url_policy,
             jobs.c.finished_at,
         )
         .where(jobs.c.name == name)
@@ -60,10 +63,13 @@ def open_job(
                 f"Job {name!r} was started with request fingerprints "
                 f"{row.dedup_scheme!r}, but this run uses {dedup_scheme!r}. Changing "
                 "REQUEST_FINGERPRINTER_CLASS in the middle of a job would fetch pages "
-                "again under new keys: finish the job with the old setting, or start "
-                "a new one with another JOBDIR or RELIABILITY_JOB."
+                "again under new keys: finish the job with the old setting, re-key it "
+                "with `scrapy frontier rekey <spider>` (same settings, workers stopped), "
+                "or start a new one with another JOBDIR or RELIABILITY_JOB."
             )
-        return Job(row.id, name, row.generation, True, dedup_scheme)
+        if row.url_policy != url_policy:
+            _check_policy_change(conn, name, row.id, row.url_policy, url_policy)
+        return Job(row.id, name, row.generation, True, dedup_scheme, url_policy)
     generation = 1 if row is None else row.generation + 1
     job_id = conn.execute(
         jobs.insert()
@@ -72,13 +78,46 @@ def open_job(
             generation=generation,
             state=JOB_RUNNING,
             dedup_scheme=dedup_scheme,
+            url_policy=url_policy,
             created_at=now,
         )
         .returning(jobs.c.id)
     ).scalar_one()
     if row is not None:
         carry_learned_rates(conn, row.id, job_id, now)
-    return Job(job_id, name, generation, False, dedup_scheme)
+    return Job(job_id, name, generation, False, dedup_scheme, url_policy)
+
+
+def _check_policy_change(
+    conn: Connection, name: str, job_id: int, stored: str | None, wanted: str | None
+) -> None:
+    """A job without rows takes the new canonical URL policy; one with rows refuses it."""
+    rows = conn.execute(
+        select(func.count()).select_from(requests).where(requests.c.job_id == job_id)
+    ).scalar_one()
+    rows += conn.execute(
+        select(func.count()).select_from(fingerprints).where(fingerprints.c.job_id == job_id)
+    ).scalar_one()
+    if rows:
+        raise JobMismatch(
+            f"Job {name!r} keys its {rows} stored requests by canonical URL policy "
+            f"{stored!r}, but this run's settings give {wanted!r} (RELIABILITY_CANONICAL_* "
+            "changed, or a new scrapy-reliability version canonicalises differently): its "
+            "pages would be fetched again under new keys. Restore the old settings, or "
+            "re-key the job with `scrapy frontier rekey <spider>` (same settings, workers "
+            "stopped), or start a new job with another JOBDIR or RELIABILITY_JOB."
+        )
+    conn.execute(update(jobs).where(jobs.c.id == job_id).values(url_policy=wanted))
+
+
+def job_keys(conn: Connection, name: str) -> tuple[str, str, str | None] | None:
+    row = conn.execute(
+        select(jobs.c.state, jobs.c.dedup_scheme, jobs.c.url_policy)
+        .where(jobs.c.name == name)
+        .order_by(jobs.c.generation.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else (str(row.state), str(row.dedup_scheme), row.url_policy)
 
 
 def unfinished(conn: Connection, job_id: int) -> bool:

@@ -52,6 +52,8 @@ class Job:
     generation: int
     resumed: bool
     dedup_scheme: str
+    #: The canonical URL policy version of its keys (None: the fingerprinter has none).
+    url_policy: str | None = None
 
 
 @dataclass(frozen=True)

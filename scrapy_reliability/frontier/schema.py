@@ -63,6 +63,9 @@ jobs = Table(
     Column("finished_at", Float, nullable=True),
     # JSON: the per-domain limits the crawl runs with (set by each starting worker).
     Column("limits", Text, nullable=True),
+    # The canonical URL policy version its keys were computed under (NULL: the
+    # fingerprinter has none, e.g. Scrapy's own). See scrapy_reliability/canonical.py.
+    Column("url_policy", String(40), nullable=True),
     UniqueConstraint("name", "generation"),
     CheckConstraint("state IN ('running', 'finished')", name="state"),
 )

@@ -145,6 +145,7 @@ class Frontier:
         name: str,
         dedup_scheme: str,
         *,
+        url_policy: str | None = None,
         reuse_finished: bool = False,
         restart_finished: bool = False,
         now: float | None = None,
@@ -154,7 +155,11 @@ class Frontier:
         When the last run finished: with ``reuse_finished`` (a retry pass) that run
         is returned; with ``restart_finished`` a new run (generation) starts;
         otherwise :class:`JobFinished` is raised, so that a worker joining a
-        finished job never starts the whole crawl again by accident."""
+        finished job never starts the whole crawl again by accident.
+
+        ``dedup_scheme`` (the fingerprinter) and ``url_policy`` (its canonical URL
+        policy version, None for none) must be the job's: :class:`JobMismatch`
+        otherwise, unless the job has no rows yet (its policy is then updated)."""
         now = _now(now)
         try:
             with self.engine.begin() as conn:
@@ -162,6 +167,7 @@ class Frontier:
                     conn,
                     name,
                     dedup_scheme,
+                    url_policy=url_policy,
                     reuse_finished=reuse_finished,
                     restart_finished=restart_finished,
                     now=now,
@@ -173,10 +179,16 @@ class Frontier:
                     conn,
                     name,
                     dedup_scheme,
+                    url_policy=url_policy,
                     reuse_finished=reuse_finished,
                     restart_finished=False,
                     now=now,
                 )
+
+    def job_keys(self, name: str) -> tuple[str, str, str | None] | None:
+        """(state, dedup scheme, URL policy) of the latest run of job ``name``."""
+        with self.engine.begin() as conn:
+            return jobs.job_keys(conn, name)
 
     def finish_job_if_complete(self, job_id: int, *, now: float | None = None) -> bool:
         """Mark the job finished when no row is pending or leased; return whether it is."""

@@ -8,9 +8,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from w3lib.url import canonicalize_url
-
 from scrapy_reliability import signals as reliability_signals
+from scrapy_reliability.canonical import CanonicalPolicy, canonical_or_same
 from scrapy_reliability.frontier.inspect import Probe
 from scrapy_reliability.monitoring.jsonlogs import iso
 
@@ -29,8 +28,11 @@ class Attempt:
     callback_error: str | None = None
 
 
-def request_event(event: reliability_signals.Settled, attempt: Any) -> dict[str, Any]:
-    """The fields of one request outcome line.
+def request_event(
+    event: reliability_signals.Settled, attempt: Any, *, policy: CanonicalPolicy | None = None
+) -> dict[str, Any]:
+    """The fields of one request outcome line (``canonical_url`` under ``policy``,
+    the crawl's RELIABILITY_CANONICAL_* rules; the default rules when None).
 
     ``stage`` is where the outcome was decided: ``claim`` (never started: its
     domain paused while it waited, or it could not be rebuilt), ``fetch`` (the
@@ -66,7 +68,7 @@ def request_event(event: reliability_signals.Settled, attempt: Any) -> dict[str,
         "domain": event.domain,
         "stage": stage,
         "url": event.url,
-        "canonical_url": _canonical(event.url),
+        "canonical_url": canonical_or_same(event.url, policy),
         "attempt": event.attempt,
         "duration_ms": round(max(0.0, event.settled_at - start) * 1000, 1),
         "download_ms": attempt.download_ms,
@@ -82,13 +84,6 @@ def _unbuildable(event: reliability_signals.Settled) -> bool:
     # Rows that never reached the downloader: their stored form could not be rebuilt,
     # or no worker's spider has their callback (see UNPROCESSED_CLASSES).
     return event.error_class in ("corrupt", "incompatible")
-
-
-def _canonical(url: str) -> str:
-    try:
-        return str(canonicalize_url(url))
-    except ValueError:
-        return url
 
 
 def event_message(fields: dict[str, Any]) -> str:

@@ -225,7 +225,7 @@ class CrawlMonitor:
             self._interval_done += 1
             self._done += 1
         if self.settings.json_logs:
-            fields = request_event(event, attempt)
+            fields = request_event(event, attempt, policy=self.config.canonical)
             level = {"dead": logging.ERROR, "retry": logging.WARNING}.get(
                 event.outcome, logging.ERROR if attempt.callback_error else logging.INFO
             )

@@ -79,6 +79,7 @@ def open_job(
     *,
     config: Config,
     scheme: str,
+    url_policy: str | None = None,
     retry_pass: RetryPass | None,
     worker: Worker,
     callbacks: list[str],
@@ -95,6 +96,7 @@ def open_job(
             job = frontier.open_job(
                 name,
                 scheme,
+                url_policy=url_policy,
                 reuse_finished=retry_pass is not None,
                 restart_finished=config.restart_finished,
             )

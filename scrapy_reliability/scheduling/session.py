@@ -77,6 +77,7 @@ class Session:
             name,
             config=ctx.config,
             scheme=self.dupefilter.scheme,
+            url_policy=self.dupefilter.url_policy,
             retry_pass=ctx.retry_pass,
             worker=jobdb.Worker(ctx.worker_id, ctx.hostname, ctx.pid),
             callbacks=jobdb.callback_names(spider),

@@ -30,7 +30,7 @@ from scrapy_reliability.serialization.checks import (
     MIN_PRIORITY,
     check_storable_fields,
 )
-from scrapy_reliability.serialization.decode import payload_to_request
+from scrapy_reliability.serialization.decode import payload_key_request, payload_to_request
 from scrapy_reliability.serialization.encode import (
     MAX_PAYLOAD_LENGTH,
     PAYLOAD_VERSION,
@@ -63,6 +63,7 @@ __all__ = [
     "check_storable_fields",
     "current_spider",
     "note_gone",
+    "payload_key_request",
     "payload_to_request",
     "register_codec",
     "register_meta_preparer",

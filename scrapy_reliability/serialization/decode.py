@@ -92,6 +92,29 @@ def payload_to_request(payload: str, spider: Spider) -> Request:
         ) from exc
 
 
+def payload_key_request(payload: str) -> Request:
+    """The request a stored row was keyed by, for computing its key again (``scrapy
+    frontier rekey``): the first URL of a redirected request (Scrapy's
+    ``redirect_urls``), its method, body, headers and ``verbatim_url``; no callback,
+    class or other meta. Raises :class:`CorruptPayload`; nothing is imported."""
+    data = _load(payload)
+    meta = data.get("meta", {})
+    url = data["url"]
+    redirected = meta.get("redirect_urls")
+    if isinstance(redirected, list) and redirected and isinstance(redirected[0], str):
+        url = redirected[0]
+    try:
+        return Request(
+            url=url,
+            method=data.get("method", "GET"),
+            headers=_headers(data.get("headers", [])),
+            body=_body(data),
+            meta={"verbatim_url": True} if meta.get("verbatim_url") is True else None,
+        )
+    except Exception as exc:  # Scrapy refuses the stored values
+        raise CorruptPayload(f"the stored request is refused: {_describe(exc)}") from exc
+
+
 def _refuse_constant(name: str) -> Any:
     raise CorruptPayload(f"the payload holds {name}, which no stored request holds")
 

@@ -68,6 +68,12 @@ Contracts
   ``data-rendered`` (:func:`js_token`, computed by the script) and ``data-ua``
   (``navigator.userAgent``) on the heading: only a browser that ran it sees them.
   Status, faults and logging are those of the plain page.
+* Variant links (``--variant-links NAME``, off by default): every page links to its
+  children only by absolute URLs on host ``NAME`` spelled seven ways (plain, with
+  tracking parameters, the host in upper case, the default port ``:80``, a fragment,
+  the scheme in upper case: :func:`variant_links`), and to no other host. A client
+  reaches them through the site as its HTTP proxy (absolute-form request targets);
+  the query is ignored, so every variant is the same page and logs the same path.
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ from scrapy_reliability.testing.site_config import (
     js_token,
     page_fault,
     page_links,
+    variant_links,
 )
 from scrapy_reliability.testing.site_process import MODULE, SiteProcess, free_port, max_per_window
 from scrapy_reliability.testing.site_server import _serve_forever
@@ -107,6 +114,7 @@ __all__ = [
     "page_fault",
     "page_links",
     "parse_args",
+    "variant_links",
 ]
 
 
@@ -162,6 +170,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", type=pathlib.Path, default=None, help="JSON-lines request log")
     p.add_argument("--js-pages", type=int, default=d.js_pages, help="every Nth page by script")
     p.add_argument("--js-delay-ms", type=float, default=d.js_delay_ms, help="script's delay")
+    p.add_argument(
+        "--variant-links", default=None, metavar="NAME", help="link by URL variants on NAME"
+    )
     return p
 
 

@@ -81,6 +81,10 @@ class SiteConfig:
     log: pathlib.Path | None = None
     js_pages: int = 0
     js_delay_ms: float = 0.0
+    #: A host name (e.g. ``site.test``): pages link to their children only by absolute
+    #: URLs on it, spelled several ways (see :func:`variant_links`). The crawl then
+    #: reaches the site as its HTTP proxy (``http_proxy=http://HOST:PORT``).
+    variant_links: str | None = None
 
     def __post_init__(self) -> None:
         hosts = tuple(self.hosts)
@@ -117,6 +121,9 @@ class SiteConfig:
             raise ValueError("outage_start must be >= 0")
         if self.js_pages < 0 or self.js_delay_ms < 0:
             raise ValueError("js_pages and js_delay_ms must be >= 0")
+        name = self.variant_links
+        if name is not None and (not name or not all(c.isalnum() or c in ".-" for c in name)):
+            raise ValueError(f"variant_links must be a host name like 'site.test': {name!r}")
 
     def _check_host_limiter(self) -> None:
         kind = self.host_limiter
@@ -180,6 +187,8 @@ class SiteConfig:
             args.append(f"--js-pages={self.js_pages}")
         if self.js_delay_ms:
             args.append(f"--js-delay-ms={self.js_delay_ms!r}")
+        if self.variant_links is not None:
+            args.append(f"--variant-links={self.variant_links}")
         return args
 
 
@@ -206,6 +215,9 @@ def page_links(config: SiteConfig, host: str, i: int) -> list[str]:
     """
     if not 0 <= i < config.pages:
         raise ValueError(f"no page {i}")
+    if config.variant_links is not None:
+        children = (c for c in (2 * i + 1, 2 * i + 2) if c < config.pages)
+        return [link for c in children for link in variant_links(config.variant_links, c, i)]
     links = [f"/p/{c}" for c in (2 * i + 1, 2 * i + 2) if c < config.pages]
     index = config.hosts.index(host)
     next_host = config.hosts[(index + 1) % len(config.hosts)]
@@ -215,6 +227,28 @@ def page_links(config: SiteConfig, host: str, i: int) -> list[str]:
         for k in range(config.extra_links)
     )
     return links
+
+
+def variant_links(name: str, c: int, i: int) -> list[str]:
+    """The links of page ``i`` to its child ``c`` with ``--variant-links NAME``
+    (rotated by ``c``): the plain ``http://NAME/p/c`` and the same page with
+    tracking parameters (utm_*, fbclid and gclid, _ga and mc_eid), the host in upper
+    case, the default port ``:80``, a fragment, and the scheme in upper case. The
+    site serves each as the same page (the query is ignored, a fragment is never
+    sent)."""
+    plain = f"http://{name}/p/{c}"
+    links = [
+        plain,
+        f"{plain}?utm_source=site&utm_medium=link&utm_campaign=p{i}",
+        f"{plain}?fbclid=IwAR{i}x{c}&gclid=Cj0K{i}",
+        f"http://{name.upper()}/p/{c}",
+        f"http://{name}:80/p/{c}",
+        f"{plain}#from-{i}",
+        f"HTTP://{name}/p/{c}?_ga=2.{i}.{c}&mc_eid={i}",
+    ]
+    # Rotated, so that a different spelling comes first (is fetched) for each child.
+    k = c % len(links)
+    return links[k:] + links[:k]
 
 
 def _render_page(config: SiteConfig, host: str, i: int) -> bytes:

@@ -1,0 +1,309 @@
+"""The canonical URL policy: which spellings of a URL are one page.
+
+The one module that canonicalises URLs (the dedup key of
+:class:`scrapy_reliability.CanonicalFingerprinter`, the ``canonical_url`` of log
+events, ``scrapy frontier explain``). Built on w3lib: :func:`w3lib.url.canonicalize_url`
+(scheme and host case, percent-encoding, sorted query, no fragment), then
+:func:`w3lib.url.url_query_cleaner` drops tracking parameters; this module only
+adds the default ports and the per-domain trailing-slash rule. See
+docs/canonical-urls.md.
+
+A policy has a :attr:`CanonicalPolicy.version`: a short hash of its normalised
+rules and :data:`CODE_VERSION`. A job stores it; a run under another version is
+refused until ``scrapy frontier rekey`` re-keys the job's rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from w3lib.url import canonicalize_url, url_query_cleaner
+
+__all__ = [
+    "CODE_VERSION",
+    "DEFAULT_DROP_PARAMS",
+    "TRAILING_SLASH_RULES",
+    "CanonicalPolicy",
+    "DomainRule",
+    "canonical_or_same",
+    "policy_from_settings",
+]
+
+#: Raised whenever the code below changes what a URL canonicalises to: it is part of
+#: every policy version, so jobs keyed by an older version are refused, not mixed.
+CODE_VERSION = 1
+
+#: Query parameters dropped by default. A trailing ``*`` matches any name with that
+#: prefix. Names are compared without regard to case. Drawn from Brave's query
+#: filter (brave-core ``components/query_filter``, "kSimpleQueryStringTrackers") and
+#: AdGuard's URL Tracking filter (``$removeparam`` rules), keeping the parameters
+#: that identify a click, a user or a campaign and never select content.
+DEFAULT_DROP_PARAMS: tuple[str, ...] = (
+    # Campaign tags (Google Analytics' UTM family, any utm_ name).
+    "utm_*",
+    # Click identifiers of ad networks.
+    "fbclid",  # Facebook
+    "gclid",  # Google Ads
+    "gclsrc",  # Google Ads
+    "dclid",  # Google Display (DoubleClick)
+    "gbraid",  # Google Ads (iOS web-to-app)
+    "wbraid",  # Google Ads (iOS app-to-web)
+    "msclkid",  # Microsoft Ads
+    "yclid",  # Yandex
+    "twclid",  # Twitter / X
+    "ttclid",  # TikTok
+    "li_fat_id",  # LinkedIn
+    "rb_clickid",  # Rakuten
+    "wickedid",  # Wicked Reports
+    "igshid",  # Instagram share
+    "srsltid",  # Google Merchant Center
+    # Google Analytics linker parameters.
+    "_ga",
+    "_gl",
+    # Mailchimp.
+    "mc_cid",
+    "mc_eid",
+    # HubSpot.
+    "_hsenc",
+    "_hsmi",
+    "__hsfp",
+    "__hssc",
+    "__hstc",
+    "hsctatracking",
+    # Marketo, Oracle Eloqua, Vero, Olytics, MailerLite, Adobe, Openstat.
+    "mkt_tok",
+    "elqtrack",
+    "elqtrackid",
+    "vero_conv",
+    "vero_id",
+    "oly_anon_id",
+    "oly_enc_id",
+    "ml_subscriber",
+    "ml_subscriber_hash",
+    "s_cid",
+    "_openstat",
+    # Facebook share and action parameters.
+    "fb_action_ids",
+    "fb_action_types",
+    "fb_ref",
+    "fb_source",
+    # Twitter's "ref_src" on embedded links.
+    "ref_src",
+)
+
+#: What a domain does with a path's trailing slash: keep it as linked (the default),
+#: strip it (``/a/`` is ``/a``) or add it (``/a`` is ``/a/``). The root ``/`` stays.
+TRAILING_SLASH_RULES = ("keep", "strip", "add")
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_PARAM = re.compile(r"[^\s*]+\*?")
+
+
+def _names(values: Iterable[str]) -> tuple[str, ...]:
+    """Parameter names or ``prefix*`` patterns, lowercased, sorted, without repeats."""
+    return tuple(sorted({v.strip().lower() for v in values}))
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    for pattern in patterns:
+        if pattern.endswith("*"):
+            if name.startswith(pattern[:-1]):
+                return True
+        elif name == pattern:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class DomainRule:
+    """What one domain (and its subdomains) adds to the policy."""
+
+    drop_params: tuple[str, ...] = ()
+    keep_params: tuple[str, ...] = ()
+    trailing_slash: str = "keep"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "drop_params", _names(self.drop_params))
+        object.__setattr__(self, "keep_params", _names(self.keep_params))
+        if self.trailing_slash not in TRAILING_SLASH_RULES:
+            raise ValueError(f"trailing_slash must be one of {', '.join(TRAILING_SLASH_RULES)}")
+
+    def normalized(self) -> dict[str, Any]:
+        return {
+            "drop_params": list(self.drop_params),
+            "keep_params": list(self.keep_params),
+            "trailing_slash": self.trailing_slash,
+        }
+
+
+@dataclass(frozen=True)
+class CanonicalPolicy:
+    """Which spellings of a URL are one page; build with :func:`policy_from_settings`.
+
+    ``drop_params`` is the whole drop list (the defaults plus the project's extra),
+    ``keep_params`` wins over it; ``domains`` maps a domain to its own rule, which
+    also applies to its subdomains (the longest match wins, as for
+    ``RELIABILITY_DOMAINS``).
+    """
+
+    drop_params: tuple[str, ...] = DEFAULT_DROP_PARAMS
+    keep_params: tuple[str, ...] = ()
+    domains: Mapping[str, DomainRule] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Equal rules, however spelled, are one policy (and one version).
+        object.__setattr__(self, "drop_params", _names(self.drop_params))
+        object.__setattr__(self, "keep_params", _names(self.keep_params))
+        object.__setattr__(
+            self, "domains", {d.strip(".").lower(): r for d, r in self.domains.items()}
+        )
+
+    def rule_for(self, host: str) -> DomainRule | None:
+        if not self.domains or not host:
+            return None
+        parts = host.split(".")
+        for i in range(len(parts)):
+            found = self.domains.get(".".join(parts[i:]))
+            if found is not None:
+                return found
+        return None
+
+    def canonical_url(self, url: str) -> str:
+        """The canonical form of ``url``; ValueError for what w3lib cannot parse."""
+        canonical = str(canonicalize_url(url))
+        split = urlsplit(canonical)
+        host = split.hostname or ""
+        rule = self.rule_for(host)
+        canonical = self._drop_params(canonical, split.query, rule)
+        split = urlsplit(canonical)
+        netloc = split.netloc
+        try:
+            port = split.port
+        except ValueError:  # not a port number: leave the URL as w3lib wrote it
+            port = None
+        if port is not None and _DEFAULT_PORTS.get(split.scheme) == port:
+            netloc = netloc[: netloc.rfind(":")]
+        path = split.path
+        slash = rule.trailing_slash if rule is not None else "keep"
+        if slash == "strip" and len(path) > 1 and path.endswith("/"):
+            path = path.rstrip("/") or "/"
+        elif slash == "add" and not path.endswith("/"):
+            path += "/"
+        return urlunsplit((split.scheme, netloc, path, split.query, ""))
+
+    def _drop_params(self, url: str, query: str, rule: DomainRule | None) -> str:
+        if not query:
+            return url
+        drop, keep = self.drop_params, self.keep_params
+        if rule is not None:
+            drop, keep = drop + rule.drop_params, keep + rule.keep_params
+        names = {name for name, _ in parse_qsl(query, keep_blank_values=True)}
+        gone = sorted(
+            n for n in names if _matches(n.lower(), drop) and not _matches(n.lower(), keep)
+        )
+        if not gone:
+            return url
+        # unique=False: a repeated parameter that stays keeps all its values.
+        return str(url_query_cleaner(url, gone, remove=True, unique=False))
+
+    def normalized(self) -> dict[str, Any]:
+        """The policy as plain JSON values, the same for equal policies."""
+        return {
+            "code": CODE_VERSION,
+            "drop_params": list(self.drop_params),
+            "keep_params": list(self.keep_params),
+            "domains": {d: self.domains[d].normalized() for d in sorted(self.domains)},
+        }
+
+    @cached_property
+    def version(self) -> str:
+        """``<CODE_VERSION>.<12 hex digits>``: what a job stores to know its keys."""
+        text = json.dumps(self.normalized(), sort_keys=True, separators=(",", ":"))
+        return f"{CODE_VERSION}.{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def canonical_or_same(url: str, policy: CanonicalPolicy | None = None) -> str:
+    """The canonical form of ``url`` under ``policy`` (the default one when None),
+    or ``url`` itself when it cannot be parsed (for logs and reports)."""
+    try:
+        return (policy or _DEFAULT).canonical_url(url)
+    except ValueError:
+        return url
+
+
+_DEFAULT = CanonicalPolicy()
+
+
+# -- settings -------------------------------------------------------------------------------
+
+_DROP = "RELIABILITY_CANONICAL_DROP_PARAMS"
+_KEEP = "RELIABILITY_CANONICAL_KEEP_PARAMS"
+_DOMAINS = "RELIABILITY_CANONICAL_DOMAINS"
+_PARAMS_ACCEPTS = "a list of query parameter names (a trailing * matches a prefix, e.g. 'utm_*')"
+_RULE_KEYS = ("drop_params", "keep_params", "trailing_slash")
+_RULE_SHAPE = "{'drop_params': ['sid'], 'keep_params': ['ref'], 'trailing_slash': 'strip'}"
+
+
+def policy_from_settings(settings: Any) -> CanonicalPolicy:
+    """The policy of ``RELIABILITY_CANONICAL_*`` (a Scrapy ``BaseSettings``);
+    :class:`~scrapy_reliability.settings_values.SettingError` names a bad value."""
+    from scrapy_reliability.settings_values import mapping_setting
+
+    drop = _params(settings.get(_DROP), _DROP)
+    keep = _params(settings.get(_KEEP), _KEEP)
+    raw = mapping_setting(settings, _DOMAINS, f"a dict of domain names to rules like {_RULE_SHAPE}")
+    domains: dict[str, DomainRule] = {}
+    for domain, options in raw.items():
+        if not isinstance(domain, str) or not domain.strip().strip("."):
+            raise _error(_DOMAINS, "domain names (strings) as keys", domain)
+        where = f"{_DOMAINS}[{domain!r}]"
+        if not isinstance(options, Mapping):
+            raise _error(where, f"a dict like {_RULE_SHAPE}", options)
+        unknown = sorted(str(k) for k in set(options) - set(_RULE_KEYS))
+        if unknown:
+            raise _error(where, f"a dict with the keys {', '.join(_RULE_KEYS)} only", options)
+        slash = options.get("trailing_slash", "keep")
+        if not isinstance(slash, str) or slash.strip().lower() not in TRAILING_SLASH_RULES:
+            raise _error(
+                f"{where}['trailing_slash']", f"one of {', '.join(TRAILING_SLASH_RULES)}", slash
+            )
+        domains[domain.strip().strip(".").lower()] = DomainRule(
+            drop_params=_params(options.get("drop_params"), f"{where}['drop_params']"),
+            keep_params=_params(options.get("keep_params"), f"{where}['keep_params']"),
+            trailing_slash=slash.strip().lower(),
+        )
+    return CanonicalPolicy(
+        drop_params=_names((*DEFAULT_DROP_PARAMS, *drop)), keep_params=keep, domains=domains
+    )
+
+
+def _params(raw: Any, name: str) -> tuple[str, ...]:
+    if raw is None or raw == "":
+        return ()
+    if isinstance(raw, str):  # -s NAME=a,b or a JSON list
+        text = raw.strip()
+        if text.startswith("["):
+            try:
+                raw = json.loads(text)
+            except ValueError:
+                raise _error(name, _PARAMS_ACCEPTS, raw) from None
+        else:
+            raw = [part for part in text.split(",") if part.strip()]
+    if not isinstance(raw, (list, tuple)) or not all(
+        isinstance(v, str) and _PARAM.fullmatch(v.strip()) for v in raw
+    ):
+        raise _error(name, _PARAMS_ACCEPTS, raw)
+    return _names(raw)
+
+
+def _error(name: str, accepts: str, raw: Any) -> Exception:
+    from scrapy_reliability.settings_values import _error as setting_error
+
+    return setting_error(name, accepts, raw)

@@ -124,7 +124,7 @@ def _adaptive_params(raw: Any) -> ad.AdaptiveParams | None:
 #: claim: the time a claimed row takes to reach the downloader (the claim's commit,
 #: the hand-over to the worker's reactor), so that it is waiting there when its
 #: moment comes.
-PACE_LEAD = 0.5
+PACE_LEAD = 0.25
 #: A claim takes a rate-limited domain's tokens up to this far ahead: the worker
 #: holds each request until its token's time, and claims about once a second per
 #: domain rather than once per token.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import scrapy
+from scrapy import version_info as scrapy_version_info
 
 from scrapy_reliability.scheduling import scrapy_hooks
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
@@ -124,6 +125,10 @@ def test_the_scheduler_without_the_add_on_refuses_too(tmp_path: Path, site: Site
     )
     code = crawl.run(timeout=120)
     log = crawl.log()
-    assert code != 0, log[-3000:]
     assert f"cannot run on Scrapy {scrapy.__version__}, which lacks Scraper.enqueue_scrape" in log
     assert site.read_log() == []
+    assert read_jsonl(tmp_path / "items.jsonl") == []
+    # Scrapy 2.13 exits with 0 here: its engine then fails to close a spider it never
+    # opened ("Engine slot not assigned"). The add-on's check (above) exits with 1.
+    if scrapy_version_info >= (2, 14):
+        assert code == 1, log[-3000:]

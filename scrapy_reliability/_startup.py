@@ -1,8 +1,9 @@
 """A crawl that cannot start says why in one ERROR line and exits with status 1.
 
 What can stop a crawl before its first request is checked by the add-on, from
-``update_settings``, before Scrapy builds its engine: every setting value, and
-the frontier database (its URL, driver, server, login, database name, schema,
+``update_settings``, before Scrapy builds its engine: the Scrapy internals the
+ack protocol hooks into (:mod:`scrapy_reliability.scheduling.scrapy_hooks`), every
+setting value, and the frontier database (its URL, driver, server, login, database name, schema,
 the SQLite file's lock). The same error raised later, from the scheduler's
 ``open``, comes with Scrapy's secondary tracebacks: the engine then closes a
 scraper and stats that never opened. Raised here, it ends the crawl before
@@ -25,6 +26,7 @@ from scrapy_reliability.config import Config, SettingError
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.errors import FrontierError, FrontierUnavailable, first_line
 from scrapy_reliability.frontier.schema import JOB_RUNNING
+from scrapy_reliability.scheduling.scrapy_hooks import UnsupportedScrapy
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -44,7 +46,7 @@ def reported(crawler: Crawler | None) -> Iterator[None]:
     then let it end the crawl."""
     try:
         yield
-    except (SettingError, FrontierError) as exc:
+    except (SettingError, FrontierError, UnsupportedScrapy) as exc:
         what = "the frontier" if isinstance(exc, FrontierError) else "the crawl"
         logger.error(
             "Cannot start %(what)s: %(error)s",

@@ -10,6 +10,7 @@ from scrapy_reliability import _startup
 from scrapy_reliability.fingerprint import PUBLIC_NAME
 from scrapy_reliability.middlewares import RetryMiddleware
 from scrapy_reliability.monitoring import CrawlMonitor, install_json_logs
+from scrapy_reliability.scheduling import scrapy_hooks
 from scrapy_reliability.settings_values import bool_setting
 
 if TYPE_CHECKING:
@@ -38,9 +39,10 @@ class Addon:
     :class:`scrapy_reliability.playwright_handler.PlaywrightDownloadHandler` there
     instead: the same handler, whose browser requests always come back.
 
-    Before Scrapy builds its engine it checks every setting and opens the
-    frontier once: a crawl that cannot start ends with one ERROR line and exit
-    status 1 (see :mod:`scrapy_reliability._startup`).
+    Before Scrapy builds its engine it checks the Scrapy internals the ack protocol
+    hooks into and every setting, and opens the frontier once: a crawl that cannot
+    start ends with one ERROR line and exit status 1 (see
+    :mod:`scrapy_reliability._startup`).
     """
 
     def __init__(self, crawler: Crawler):
@@ -61,6 +63,7 @@ class Addon:
         # What can keep the crawl from starting fails now, before Scrapy builds its
         # engine, in one line naming the setting or the database and what to do.
         with _startup.reported(self.crawler):
+            scrapy_hooks.check()
             config = _startup.check_settings(settings)
             if config.monitoring.json_logs:
                 # As early as an add-on can: every later line of the crawl log is JSON.

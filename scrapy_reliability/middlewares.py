@@ -43,6 +43,7 @@ from scrapy_reliability.scheduling.meta import (
 from scrapy_reliability.settings_values import MAX_SECONDS, SettingError, nonnegative_float
 
 if TYPE_CHECKING:
+    from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
     from typing_extensions import Self
@@ -80,7 +81,11 @@ class RetryMiddleware:
             crawler,
         )
 
-    def process_response(self, request: Request, response: Response) -> Request | Response:
+    # ``spider``: Scrapy 2.13 passes it to every downloader middleware method; later
+    # Scrapy passes it only where it is required (and warns), so it is optional here.
+    def process_response(
+        self, request: Request, response: Response, spider: Spider | None = None
+    ) -> Request | Response:
         if TASK_META not in request.meta:
             return self._scrapy_rules.process_response(request, response)
         if request.meta.get("dont_retry") or self._handled_by_spider(request, response.status):
@@ -123,7 +128,9 @@ class RetryMiddleware:
         )
         return retry if retry is not None else response
 
-    def process_exception(self, request: Request, exception: Exception) -> Request | None:
+    def process_exception(
+        self, request: Request, exception: Exception, spider: Spider | None = None
+    ) -> Request | None:
         if TASK_META not in request.meta:
             return self._scrapy_rules.process_exception(request, exception)
         if isinstance(exception, IgnoreRequest) or request.meta.get("dont_retry"):

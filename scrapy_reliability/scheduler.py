@@ -37,7 +37,7 @@ from scrapy_reliability.config import Config
 from scrapy_reliability.dupefilter import DupeFilter
 from scrapy_reliability.frontier import Frontier, Job, NewRequest
 from scrapy_reliability.retry import RetryPolicy
-from scrapy_reliability.scheduling import engine
+from scrapy_reliability.scheduling import engine, scrapy_hooks
 from scrapy_reliability.scheduling.claims import ClaimBuffer
 from scrapy_reliability.scheduling.context import Clock, Context
 from scrapy_reliability.scheduling.leases import LeaseBook, Stage
@@ -123,6 +123,9 @@ class Scheduler(BaseScheduler):
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
+        # The add-on checked before the engine existed; a project that names this
+        # Scheduler without the add-on is checked here (with Scrapy's traceback).
+        scrapy_hooks.check()
         config = Config.from_settings(crawler.settings)
         dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
         dupefilter = build_from_crawler(dupefilter_cls, crawler)

@@ -156,6 +156,24 @@ def frontier(frontier_url: str) -> Iterator[Frontier]:
         store.close()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    _install_a_reactor_for_scrapy_2_13()
+
+
+def _install_a_reactor_for_scrapy_2_13() -> None:
+    """Scrapy 2.13's ``scrapy.utils.test.get_crawler`` needs an installed reactor
+    (later Scrapy builds a reactorless crawler without one): install the asyncio
+    reactor, the one ``scrapy crawl`` installs, there and only there."""
+    from scrapy.utils.test import get_reactor_settings
+
+    try:
+        get_reactor_settings()
+    except RuntimeError:
+        from scrapy.utils.reactor import install_reactor
+
+        install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "postgres_url" in getattr(item, "fixturenames", ()):

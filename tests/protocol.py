@@ -18,6 +18,7 @@ milliseconds (``tests/test_protocol.py``).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -246,7 +247,12 @@ class Core:
         self.scheduler = Scheduler(
             crawler, config, dupefilter, crawler.stats, clock=self.clock, db=self.db
         )
-        self.stats.open_spider()
+        # Scrapy 2.13's StatsCollector.open_spider takes the spider; later ones none.
+        spider_arg = inspect.signature(self.stats.open_spider).parameters.get("spider")
+        if spider_arg is not None and spider_arg.default is inspect.Parameter.empty:
+            self.stats.open_spider(self.spider)
+        else:
+            self.stats.open_spider()
         opened = self.scheduler.open(self.spider)
         self.run()
         assert opened.called

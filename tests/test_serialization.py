@@ -21,6 +21,7 @@ from scrapy_reliability.serialization import (
     payload_to_request,
     request_to_payload,
 )
+from scrapy_reliability.serialization.value_codecs import MAX_NESTING
 
 
 class Spider(scrapy.Spider):
@@ -338,6 +339,18 @@ def test_unstorable_values_are_refused_by_key(spider, field, value):
     with pytest.raises(UnserializableRequest, match=rf"{field}\b") as raised:
         request_to_payload(request, spider)
     assert "bad" in str(raised.value) or "__reliability_type__" in str(raised.value)
+
+
+def test_nesting_is_limited_alike_on_every_python(spider):
+    """Python 3.13 writes and reads JSON thousands of levels deep, 3.10-3.12 about a
+    thousand: a fixed limit refuses the same requests everywhere, and what one worker
+    stores every other reads back."""
+    assert roundtrip(scrapy.Request(_URL, meta={"ok": _deep(200)}), spider).meta == {
+        "ok": _deep(200)
+    }
+    too_deep = scrapy.Request(_URL, meta={"fine": 1, "bad": _deep(MAX_NESTING + 1)})
+    with pytest.raises(UnserializableRequest, match=r"meta\['bad'\].*nested more than 500"):
+        request_to_payload(too_deep, spider)
 
 
 def test_a_huge_int_that_python_reads_back_is_stored(spider):

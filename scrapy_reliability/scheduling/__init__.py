@@ -15,6 +15,7 @@ Top down (each imports only modules below it):
 - ``settled``, ``batches``, ``refusals``: small helpers.
 - ``context``: what every part reads (the crawl, the job, the database thread).
 - ``engine``: the only module that touches Scrapy's internals.
+- ``scrapy_hooks``: checks at startup that the installed Scrapy has those internals.
 - ``meta``: the ``reliability_*`` request meta keys and their typed values.
 
 docs/architecture.md walks one request through them.

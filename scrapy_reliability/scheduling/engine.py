@@ -2,6 +2,8 @@
 
 Scrapy has no public API for these; each is looked up defensively where a Scrapy
 version may lack it, and named here so that a Scrapy upgrade is checked in one place.
+:mod:`scrapy_reliability.scheduling.scrapy_hooks` checks, before a crawl starts, that
+the installed Scrapy has every one of them: keep the two in step.
 """
 
 from __future__ import annotations

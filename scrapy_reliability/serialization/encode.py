@@ -20,6 +20,7 @@ from scrapy_reliability.serialization.value_codecs import (
     _for_spider,
     _load_integration,
     _meta_preparers,
+    _not_too_deep,
 )
 
 PAYLOAD_VERSION = 1
@@ -172,7 +173,7 @@ _VALUE_FIELDS = ("meta", "cookies", "cb_kwargs", "flags")
 def _encode(data: dict[str, Any], spider: Spider, request: Request) -> str:
     try:
         # Plain JSON values (most requests): no codec, so no spider context.
-        return json.dumps(data, separators=(",", ":"), allow_nan=False)
+        return _not_too_deep(json.dumps(data, separators=(",", ":"), allow_nan=False))
     except _UNWRITABLE:
         pass
     with _for_spider(spider):

@@ -1,0 +1,73 @@
+"""The support matrix: the oldest and the newest Scrapy on the oldest and the newest Python.
+
+``.ci/matrix`` runs every session here (``nox``); ``nox --list`` lists them, and
+``nox -s "full(oldest)"`` runs one. Each session is a fresh virtual environment with the package
+(``.[test]``) and one Scrapy. The interpreters are found on ``PATH`` as ``python3.10`` and
+``python3.13`` (``.ci/matrix`` puts pyenv's there).
+
+* ``full``: the fast tests (everything but ``slow``, ``long`` and ``crashmatrix``) and a
+  real crawl SIGKILLed three times and resumed, on SQLite and on PostgreSQL, on the two
+  corners (oldest Python with the oldest Scrapy, newest with newest).
+* ``crawl``: the kill -9 crawls and the Scrapy hook check, on the other two corners.
+
+The main CI run (``.ci/run``) covers the rest on the default Python and the newest Scrapy.
+"""
+
+from __future__ import annotations
+
+import nox
+
+#: The floor of ``scrapy`` in pyproject.toml, tested as such.
+OLDEST_SCRAPY = "2.13.4"
+PYTHONS = {"oldest": "3.10", "newest": "3.13"}
+SCRAPY = {"oldest": f"scrapy=={OLDEST_SCRAPY}", "newest": "scrapy"}
+
+FAST = "not slow and not long and not crashmatrix"
+KILL_9 = "tests/test_crash_resume.py::test_sigkill_three_times_loses_nothing"
+HOOK_CHECK = "tests/test_scrapy_support.py"
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = True
+
+
+def _install(session: nox.Session, scrapy: str) -> None:
+    # --upgrade: "newest" means the newest on the index, not whatever was cached.
+    session.install("--upgrade", "-e", ".[test]", SCRAPY[scrapy])
+    session.run(
+        "python",
+        "-c",
+        "import platform, scrapy, twisted; print('Python', platform.python_version(), "
+        "'Scrapy', scrapy.__version__, 'Twisted', twisted.__version__)",
+    )
+
+
+def _pytest(session: nox.Session, *args: str, workers: int = 1) -> None:
+    # The project's addopts (-n 2, its -m) are replaced: each session says what it runs.
+    xdist = ["-n", str(workers), "--dist", "load"] if workers > 1 else ["-p", "no:xdist"]
+    session.run("python", "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", *xdist, *args)
+
+
+@nox.session(name="full")
+@nox.parametrize(
+    ("python", "scrapy"),
+    [(PYTHONS["oldest"], "oldest"), (PYTHONS["newest"], "newest")],
+    ids=["oldest", "newest"],
+)
+def full(session: nox.Session, scrapy: str) -> None:
+    """Fast tests and the kill -9 crawls (SQLite, PostgreSQL)."""
+    _install(session, scrapy)
+    _pytest(session, "-q", "-m", FAST, workers=2)
+    _pytest(session, "-q", KILL_9, HOOK_CHECK, workers=2)
+
+
+@nox.session(name="crawl")
+@nox.parametrize(
+    ("python", "scrapy"),
+    [(PYTHONS["oldest"], "newest"), (PYTHONS["newest"], "oldest")],
+    ids=["py-oldest-scrapy-newest", "py-newest-scrapy-oldest"],
+)
+def crawl(session: nox.Session, scrapy: str) -> None:
+    """The kill -9 crawls (SQLite, PostgreSQL) and the hook check."""
+    _install(session, scrapy)
+    _pytest(session, "-q", KILL_9, HOOK_CHECK, workers=2)

@@ -273,3 +273,30 @@ def test_effective_rate_and_burst_follow_the_learned_state() -> None:
     delayed = DomainState("d", 0.0, 0.0, 2.0, 0.0, learned)
     assert delayed.effective_rate(limits, POLICY, 50.0) == 0.5
     assert state.effective_rate(limits, Politeness(limits, adaptive=None), 50.0) == 4.0
+
+
+@pytest.mark.postgres
+def test_successes_reach_a_limit_another_worker_learned(postgres_url: str) -> None:
+    """Worker B's successes grow the rate worker A's 429 lowered: B's claim read the
+    domain's row, so B's writes apply its successes (a domain B never saw learned
+    anything costs B's writes no read). Two workers: PostgreSQL."""
+    first, second = Frontier.connect(postgres_url), Frontier.connect(postgres_url)
+    try:
+        job = first.open_job("shared", "s").id
+        add(first, job, _rows("busy.test", 20))
+        _throttle(first, job, claimed_at=10.0, now=10.0)  # worker A learns a limit
+        (row,) = second.claim(job, "b", 1, lease_seconds=60, politeness=POLICY, now=20.0).rows
+        result = second.write(
+            job,
+            WriteBatch(
+                transitions=[Transition(row.id, row.token, Outcome.DONE)],
+                successes={"busy.test": 3},
+            ),
+            politeness=POLICY,
+            now=21.0,
+        )
+        before, after = result.adapted["busy.test"]
+        assert before.limit == 4.0 and after.rate > before.rate
+    finally:
+        first.close()
+        second.close()

@@ -81,6 +81,10 @@ class DomainRows:
         self._insert = dialect.insert_ignore(domains, engine)
         self._known: set[tuple[int, str]] = set()
         self._new: set[tuple[int, str]] = set()
+        # Domains whose adaptive rate had learned a limit when this worker last read
+        # or wrote their row: only their successes are applied (a claim reads the row
+        # of every domain it leases from, so a worker acks only domains it has read).
+        self._learned: set[tuple[int, str]] = set()
 
     def begin(self) -> None:
         self._new.clear()
@@ -147,15 +151,26 @@ class DomainRows:
             ).all()
         )
         for row in rows:
-            into[row.domain] = domain_state(row, leased.get(row.domain, 0))
+            state = into[row.domain] = domain_state(row, leased.get(row.domain, 0))
+            self._remember(job_id, row.domain, state.adaptive)
 
-    @staticmethod
-    def read_states(conn: Connection, job_id: int, names: Sequence[str]) -> dict[str, DomainState]:
+    def read_states(
+        self, conn: Connection, job_id: int, names: Sequence[str]
+    ) -> dict[str, DomainState]:
         """The existing rows of the domains ``names``, unlocked."""
         known = conn.execute(
             select(domains).where(domains.c.job_id == job_id, domains.c.domain.in_(names))
         ).all()
-        return {row.domain: domain_state(row) for row in known}
+        states = {row.domain: domain_state(row) for row in known}
+        for name, state in states.items():
+            self._remember(job_id, name, state.adaptive)
+        return states
+
+    def _remember(self, job_id: int, name: str, state: ad.AdaptiveState) -> None:
+        if state.limit > 0:
+            self._learned.add((job_id, name))
+        else:
+            self._learned.discard((job_id, name))
 
     @staticmethod
     def save_buckets(conn: Connection, job_id: int, states: Iterable[DomainState]) -> None:
@@ -190,7 +205,11 @@ class DomainRows:
                 pauses[tr.domain] = (tr.pause_until, tr.pause_reason)
             if tr.slow_down and policy.learns(policy.limits_for(tr.domain)):
                 throttles.setdefault(tr.domain, []).append(tr.claimed_at)
-        grown = [d for d, n in successes.items() if n > 0 and policy.learns(policy.limits_for(d))]
+        grown = [
+            d
+            for d, n in successes.items()
+            if n > 0 and (job_id, d) in self._learned and policy.learns(policy.limits_for(d))
+        ]
         signalled = sorted(set(pauses) | set(throttles))
         if not signalled and not grown:
             return {}
@@ -206,6 +225,8 @@ class DomainRows:
             .with_for_update()
         ).all()
         changed: dict[str, tuple[ad.AdaptiveState, ad.AdaptiveState]] = {}
+        for name in set(grown) - {row.domain for row in rows}:
+            self._learned.discard((job_id, name))  # another worker's write forgot it
         for row in rows:
             name = row.domain
             if name in pauses and pauses[name][0] > row.paused_until:
@@ -229,6 +250,8 @@ class DomainRows:
             state = ad.on_success(state, now, params, ceiling=ceiling, count=successes.get(name, 0))
             if state != before:
                 changed[name] = (before, state)
+        for name, (_, st) in changed.items():
+            self._remember(job_id, name, st)
         if changed:
             conn.execute(
                 _SET_ADAPTIVE,

@@ -32,3 +32,6 @@ class Settled:
     claimed_at: float
     settled_at: float
     worker: str
+    #: When the frontier let it start: for a rate-limited domain whose tokens a claim
+    #: took ahead, its token's time (the worker held it until then); else ``claimed_at``.
+    starts_at: float = 0.0

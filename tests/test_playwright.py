@@ -316,12 +316,13 @@ def test_per_domain_rate_holds_for_browser_requests(tmp_path: Path, chromium: st
         if entry["page"] is not None:
             times[entry["host"]].append(entry["t"])
     arrived = {host: max_per_window(ts) for host, ts in times.items()}
-    # The limits are enforced when requests are claimed: there they hold exactly. (At
-    # the site, a loaded machine or the browser can bunch requests claimed 1 s apart.)
+    # The limits are enforced by the claim, which gives each request its start (a
+    # claim takes the tokens of the next second ahead): there they hold exactly. (At
+    # the site, a loaded machine or the browser can bunch requests started 1 s apart.)
     claimed: dict[str, list[float]] = {h: [] for h in config.hosts}
     for entry in read_jsonl(claims_path):
         if "/p/" in entry["url"]:
-            claimed[entry["domain"]].append(entry["claimed_at"])
+            claimed[entry["domain"]].append(entry["starts_at"])
     worst = {host: max_per_window(ts) for host, ts in claimed.items()}
     slow = sorted(times["127.0.0.2"])
     print(

@@ -51,5 +51,6 @@ def send(crawler: Crawler, lease: Lease, tr: Transition, worker_id: str) -> None
         claimed_at=lease.claimed_at,
         settled_at=time.time(),
         worker=worker_id,
+        starts_at=max(lease.claimed_at, lease.send_at),
     )
     crawler.signals.send_catch_log(reliability_signals.request_settled, event=event)

@@ -1,6 +1,6 @@
-"""Records when the frontier claimed each request (CLAIMS_PATH), for tests of limits
-enforced at claim time: the arrival times a site sees also carry whatever a loaded
-machine or a browser adds later."""
+"""Records when the frontier claimed each request and when it let it start
+(CLAIMS_PATH), for tests of limits enforced by the claim: the arrival times a site sees
+also carry whatever a loaded machine or a browser adds later."""
 
 from __future__ import annotations
 
@@ -27,4 +27,5 @@ class ClaimTimes:
 
     def settled(self, event: Any) -> None:
         record = {"url": event.url, "domain": event.domain, "outcome": event.outcome}
-        self.fh.write(json.dumps({**record, "claimed_at": event.claimed_at}) + "\n")
+        times = {"claimed_at": event.claimed_at, "starts_at": event.starts_at}
+        self.fh.write(json.dumps({**record, **times}) + "\n")

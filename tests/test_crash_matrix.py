@@ -20,6 +20,7 @@ at the end of the run (see ``conftest.py``).
 from __future__ import annotations
 
 import json
+import math
 import signal
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,28 @@ def _dead_letter_urls(url: str) -> list[str]:
         engine.dispose()
 
 
+def _committed_waits(url: str) -> dict[tuple[str, int], float]:
+    """What the frontier knew of Retry-After when the crawl was killed: per page, the
+    latest of its row's ``not_before`` and its domain's pause."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            paused = dict(
+                conn.execute(  # type: ignore[arg-type]
+                    select(schema.domains.c.domain, schema.domains.c.paused_until)
+                ).all()
+            )
+            r = schema.requests.c
+            rows = conn.execute(select(r.url, r.not_before, r.domain)).all()
+    finally:
+        engine.dispose()
+    waits = {}
+    for row in rows:
+        if "/p/" in row.url:
+            waits[_page_of(row.url)] = max(float(row.not_before), paused.get(row.domain, 0.0))
+    return waits
+
+
 def _page_of(url: str) -> tuple[str, int]:
     host = url.split("//", 1)[1].split(":", 1)[0]
     return host, int(url.rsplit("/", 1)[1])
@@ -155,11 +178,21 @@ def test_kill_at_the_point_then_resume(
             assert code == -signal.SIGKILL, f"the crawl was not killed ({code}):\n{log[-3000:]}"
             assert f"crash point {point}:{hit} reached" in log, log[-3000:]
             row["fetched_before"] = sum(1 for _ in read_jsonl(site_log))
+            committed = _committed_waits(url)
 
             resumed = Crawl(project, site.start_urls(), *settings)
             resumed.runs = killed.runs
             assert resumed.run(timeout=240) == 0, resumed.log()[-3000:]
-            row.update(_check(site, url, site_log, items_path, dead_feed, resumed.log()))
+            row.update(
+                _check(
+                    site,
+                    url,
+                    (site_log, items_path, dead_feed),
+                    resumed.log(),
+                    committed,
+                    row["fetched_before"],
+                )
+            )
             row["ok"] = True
     finally:
         (results / f"{point}-{backend}.json").write_text(json.dumps(row))
@@ -168,11 +201,12 @@ def test_kill_at_the_point_then_resume(
 def _check(
     site: SiteProcess,
     url: str,
-    site_log: Path,
-    items_path: Path,
-    dead_feed: Path,
+    paths: tuple[Path, Path, Path],
     log: str,
+    committed: dict[tuple[str, int], float],
+    fetched_before: int,
 ) -> dict[str, Any]:
+    site_log, items_path, dead_feed = paths
     config = site.config
     faults = _faults(config)
     refused = {page for page, kind in faults.items() if kind == "404"}
@@ -209,14 +243,33 @@ def _check(
     refetched = sum(n - 1 for page, n in fetches.items() if page not in faults)
     assert refetched <= IN_FLIGHT, f"{refetched} fault-free pages fetched again"
 
+    # Early Retry-After: never while the worker that saw the 429 runs, nor after a
+    # restart against a retry schedule or pause committed before the kill. A 429
+    # whose reschedule was still buffered at the kill is lost with it, and its page
+    # is fetched again at once, as any request in flight is (at-least-once); counted.
+    entries = read_jsonl(site_log)
+    restarted_at = entries[fetched_before]["t"] if fetched_before < len(entries) else math.inf
+    late_early = 0
+    for entry in entries:
+        if not entry.get("early"):
+            continue
+        if entry["t"] < restarted_at or entry["page"] is None:
+            late_early += 1  # the first run knew its Retry-After
+            continue
+        page = (entry["host"], int(entry["page"]))
+        if committed.get(page, 0.0) > entry["t"]:
+            late_early += 1  # the frontier had the schedule: a real violation
+
     # Nothing pending or leased at the end.
     states = _states(url)
     assert states.get("pending", 0) == 0, states
     assert states.get("leased", 0) == 0, states
 
-    # No early Retry-After, across the kill too.
-    assert early == 0, f"{early} requests arrived before their Retry-After"
+    assert late_early == 0, (
+        f"{late_early} requests arrived before a Retry-After the worker or the frontier knew"
+    )
     return {
+        "early_cut_off_by_the_kill": early - late_early,
         "items": len(got),
         "dead": len(dead_rows),
         "refetched": refetched,

@@ -6,7 +6,9 @@ The public API is what a project names in its settings::
 
 plus :class:`Scheduler` and :class:`DupeFilter` for projects that configure
 components by hand, and :class:`CanonicalFingerprinter` (the add-on's default
-``REQUEST_FINGERPRINTER_CLASS``). Everything else is private.
+``REQUEST_FINGERPRINTER_CLASS``), and :class:`HttpCacheStorage` /
+:class:`HttpCachePolicy` for Scrapy's ``HTTPCACHE_STORAGE`` / ``HTTPCACHE_POLICY``.
+Everything else is private.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ __all__ = [
     "CanonicalFingerprinter",
     "DeadLetter",
     "DupeFilter",
+    "HttpCachePolicy",
+    "HttpCacheStorage",
     "RetryMiddleware",
     "Scheduler",
     "__version__",
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from scrapy_reliability.addon import Addon
     from scrapy_reliability.dupefilter import DupeFilter
     from scrapy_reliability.fingerprint import CanonicalFingerprinter
+    from scrapy_reliability.httpcache import HttpCachePolicy, HttpCacheStorage
     from scrapy_reliability.items import DeadLetter
     from scrapy_reliability.middlewares import RetryMiddleware
     from scrapy_reliability.scheduler import Scheduler
@@ -38,6 +43,8 @@ _LAZY = {
     "CanonicalFingerprinter": "scrapy_reliability.fingerprint",
     "DeadLetter": "scrapy_reliability.items",
     "DupeFilter": "scrapy_reliability.dupefilter",
+    "HttpCachePolicy": "scrapy_reliability.httpcache",
+    "HttpCacheStorage": "scrapy_reliability.httpcache",
     "RetryMiddleware": "scrapy_reliability.middlewares",
     "Scheduler": "scrapy_reliability.scheduler",
 }

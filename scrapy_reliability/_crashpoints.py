@@ -23,7 +23,9 @@ each one):
 * ``reschedule_buffered``: a retry's new schedule is buffered, not written;
 * ``mid_heartbeat``: the heartbeat renewed this worker's leases, and stops there;
 * ``mid_release``: a closing worker's leases are being released (inside the transaction);
-* ``finishing``: a finished crawl's last writes are done, the job not yet marked finished.
+* ``finishing``: a finished crawl's last writes are done, the job not yet marked finished;
+* ``mid_cache_write``: inside an HTTP cache write's transaction, its rows written, the
+  COMMIT not yet (``tests/test_http_cache.py``; not a point of the ack protocol).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ POINTS = (
     "mid_heartbeat",
     "mid_release",
     "finishing",
+    "mid_cache_write",
 )
 
 ENV = "RELIABILITY_CRASH_POINT"

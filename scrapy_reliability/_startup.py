@@ -67,6 +67,10 @@ def check_settings(settings: BaseSettings) -> Config:
     RetryPolicy.from_settings(settings)
     BanDetector.from_settings(settings)
     watchdog_timeout(settings)
+    if settings.getbool("HTTPCACHE_ENABLED"):
+        from scrapy_reliability.httpcache import CacheOptions
+
+        CacheOptions.from_settings(settings)
     return config
 
 

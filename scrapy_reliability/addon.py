@@ -39,6 +39,10 @@ class Addon:
     :class:`scrapy_reliability.playwright_handler.PlaywrightDownloadHandler` there
     instead: the same handler, whose browser requests always come back.
 
+    With ``HTTPCACHE_STORAGE = "scrapy_reliability.HttpCacheStorage"`` it sets
+    ``HTTPCACHE_POLICY`` to :class:`scrapy_reliability.HttpCachePolicy` (unless the
+    project set one).
+
     Before Scrapy builds its engine it checks the Scrapy internals the ack protocol
     hooks into and every setting, and opens the frontier once: a crawl that cannot
     start ends with one ERROR line and exit status 1 (see
@@ -60,6 +64,7 @@ class Addon:
             self._replace_retry_middleware(settings)
         self._enable_monitor(settings)
         self._watch_browser_downloads(settings)
+        self._cache_policy(settings)
         # What can keep the crawl from starting fails now, before Scrapy builds its
         # engine, in one line naming the setting or the database and what to do.
         with _startup.reported(self.crawler):
@@ -69,6 +74,22 @@ class Addon:
                 # As early as an add-on can: every later line of the crawl log is JSON.
                 install_json_logs(self.crawler)
             _startup.check_frontier(self.crawler, settings, config)
+
+    @staticmethod
+    def _cache_policy(settings: BaseSettings) -> None:
+        """With scrapy_reliability.HttpCacheStorage, its revalidating policy, unless the
+        project chose one (docs/http-cache.md)."""
+        from scrapy.utils.misc import load_object
+
+        from scrapy_reliability.httpcache import HttpCachePolicy, HttpCacheStorage
+
+        storage = settings.get("HTTPCACHE_STORAGE")
+        try:
+            ours = load_object(storage) is HttpCacheStorage if storage else False
+        except (ImportError, ValueError, NameError, AttributeError):
+            ours = False  # Scrapy reports a storage it cannot load, as it always did
+        if ours:
+            settings.set("HTTPCACHE_POLICY", HttpCachePolicy, "addon")
 
     @staticmethod
     def _watch_browser_downloads(settings: BaseSettings) -> None:

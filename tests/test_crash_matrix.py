@@ -63,7 +63,8 @@ MATRIX: dict[str, tuple[int, tuple[str, ...]]] = {
     "mid_release": (1, ("CLOSESPIDER_PAGECOUNT=30",)),
     "finishing": (1, ()),
 }
-assert set(MATRIX) == set(POINTS), "every crash point is in the matrix"
+# mid_cache_write is the HTTP cache's, killed in tests/test_http_cache.py.
+assert set(MATRIX) | {"mid_cache_write"} == set(POINTS), "every crash point is tested"
 
 RESULTS_DIR = "crash-matrix"
 

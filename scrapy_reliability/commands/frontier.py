@@ -17,6 +17,8 @@ with the same settings would; ``--database-url`` and ``--job`` override):
 * ``move SPIDER --to URL``: copy the job (every run and row) to another database.
 * ``rekey SPIDER``: compute every row's dedup key again under the crawl's request
   fingerprinter and canonical URL policy, merging rows of one page (``--dry-run``).
+* ``cache [SPIDER]``: what the HTTP cache holds; ``--purge`` by ``--domain``,
+  ``--older-than`` or ``--namespace`` (``--yes`` to really delete).
 * ``migrate [SPIDER]``: upgrade the schema. ``doctor [SPIDER]``: check the setup.
 
 Tables for people; ``--json`` prints one JSON document for scripts (errors too:
@@ -33,6 +35,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from sqlalchemy.exc import SQLAlchemyError
 
+from scrapy_reliability.commands.cache import cache_entries
 from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.commands.doctor import check_setup
 from scrapy_reliability.commands.explain import explain_urls
@@ -56,6 +59,7 @@ HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
     "purge": purge,
     "move": move_job,
     "rekey": rekey,
+    "cache": cache_entries,
     "migrate": migrate_schema,
     "doctor": check_setup,
 }
@@ -82,6 +86,7 @@ class FrontierCommand(ScrapyCommand):
             "back to pending); purge SPIDER (--dead-letters, --pending or --whole-job, with "
             "--yes); move SPIDER --to URL (copy the job to another database); rekey SPIDER "
             "(dedup keys under the current canonical URL policy, rows of one page merged); "
+            "cache [SPIDER] (the HTTP cache; --purge by --domain, --older-than, --namespace); "
             "migrate [SPIDER]; doctor [SPIDER]. --json for scripts."
         )
 
@@ -107,12 +112,13 @@ class FrontierCommand(ScrapyCommand):
             action="append",
             default=[],
             metavar="DOMAIN",
-            help="dead, requeue, purge: only this domain (repeat or comma-separate)",
+            help="dead, requeue, purge, cache: only this domain (repeat or comma-separate)",
         )
         group.add_argument(
             "--older-than",
             metavar="DURATION",
-            help="dead, requeue, purge: only failures at least this old (30m, 6h, 2d)",
+            help="dead, requeue, purge: only failures at least this old (30m, 6h, 2d); "
+            "cache: entries stored at least this long ago",
         )
         group.add_argument(
             "--limit",
@@ -131,7 +137,17 @@ class FrontierCommand(ScrapyCommand):
             action="store_true",
             help="requeue, purge, rekey: only count what would change",
         )
-        group.add_argument("--yes", action="store_true", help="purge: really delete")
+        group.add_argument("--yes", action="store_true", help="purge, cache --purge: really delete")
+        group.add_argument(
+            "--purge", action="store_true", help="cache: delete the selected entries (with --yes)"
+        )
+        group.add_argument(
+            "--namespace",
+            action="append",
+            default=[],
+            metavar="NS",
+            help="cache: only entries stored under this RELIABILITY_CACHE_NAMESPACE",
+        )
         group.add_argument("--dead-letters", action="store_true", help="purge dead letters")
         group.add_argument(
             "--pending", action="store_true", help="purge pending requests (they become ignored)"

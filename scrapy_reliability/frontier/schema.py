@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -218,4 +219,39 @@ domains = Table(
     Column("next_probe_at", Float, nullable=False, server_default=text("0")),
     # The previous version's rate factor: written on insert, no longer read.
     CheckConstraint("rate_factor > 0 AND rate_factor <= 1", name="rate_factor"),
+)
+
+#: The HTTP cache (scrapy_reliability.HttpCacheStorage): one response per request
+#: fingerprint of a spider, shared by every worker and job on the database. Not
+#: keyed by job: a cache outlives the runs that filled it.
+http_cache = Table(
+    "reliability_http_cache",
+    metadata,
+    # The spider name: spiders sharing a database keep their own entries.
+    Column("scope", String(255), primary_key=True),
+    # The request fingerprint (the crawl's REQUEST_FINGERPRINTER_CLASS, canonical by default).
+    Column("fingerprint", String(96), primary_key=True),
+    # RELIABILITY_CACHE_NAMESPACE of the run that stored the entry.
+    Column("namespace", String(64), nullable=False),
+    Column("domain", String(255), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("response_url", Text, nullable=False),
+    Column("status", Integer, nullable=False),
+    # JSON list of [name, value] pairs, each decoded as latin-1 (any byte round-trips).
+    Column("headers", Text, nullable=False),
+    Column("content_type", String(255), nullable=False),
+    # The body, gzipped; its length and SHA-256 before compression are checked on
+    # every read, so a damaged entry is a miss, never a truncated page.
+    Column("body", LargeBinary, nullable=False),
+    Column("body_size", BigInteger, nullable=False),
+    Column("stored_size", BigInteger, nullable=False),
+    Column("body_sha256", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    # When the response came from the network, or was last revalidated (a 304).
+    Column("stored_at", Float, nullable=False),
+    # When it was last stored or served: eviction removes the least recently used.
+    Column("used_at", Float, nullable=False),
+    CheckConstraint("body_size >= 0 AND stored_size >= 0", name="sizes"),
+    Index("ix_reliability_http_cache_used_at", "used_at"),
+    Index("ix_reliability_http_cache_domain", "scope", "domain"),
 )

@@ -173,6 +173,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variant-links", default=None, metavar="NAME", help="link by URL variants on NAME"
     )
+    p.add_argument("--validators", action="store_true", help="ETag, Last-Modified and 304 answers")
     return p
 
 

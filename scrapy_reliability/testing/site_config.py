@@ -85,6 +85,10 @@ class SiteConfig:
     #: URLs on it, spelled several ways (see :func:`variant_links`). The crawl then
     #: reaches the site as its HTTP proxy (``http_proxy=http://HOST:PORT``).
     variant_links: str | None = None
+    #: Pages carry an ETag and a Last-Modified, and a conditional request for an
+    #: unchanged page is answered 304. ``/_control/change?every=K`` changes every
+    #: K-th page (a new version: another body, ETag and Last-Modified).
+    validators: bool = False
 
     def __post_init__(self) -> None:
         hosts = tuple(self.hosts)
@@ -189,6 +193,8 @@ class SiteConfig:
             args.append(f"--js-delay-ms={self.js_delay_ms!r}")
         if self.variant_links is not None:
             args.append(f"--variant-links={self.variant_links}")
+        if self.validators:
+            args.append("--validators")
         return args
 
 

@@ -103,6 +103,19 @@ def _response_head(
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+def _not_modified_head(keep_alive: bool, extra: Iterable[tuple[str, str]]) -> bytes:
+    lines = [
+        "HTTP/1.1 304 Not Modified",
+        "Connection: keep-alive" if keep_alive else "Connection: close",
+    ]
+    lines.extend(f"{name}: {value}" for name, value in extra)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+#: Last-Modified of version 0 of every page (2026-01-01); each version a day later.
+_EPOCH_MODIFIED = 1767225600
+
+
 def _page_index(path: str, pages: int) -> int | None:
     if not path.startswith("/p/"):
         return None
@@ -130,6 +143,8 @@ class _Site:
         self.writers: set[asyncio.StreamWriter] = set()
         self._faults: dict[tuple[str, int], str | None] = {}
         self._pages: dict[tuple[str, int], bytes] = {}
+        #: Page versions changed by /_control/change (absent: version 0).
+        self.versions: dict[tuple[str, int], int] = {}
         self._indexes = {h: _render_index(h) for h in config.hosts}
 
     def mark_started(self) -> None:
@@ -197,9 +212,13 @@ class _Site:
                 return
             assert plan.status is not None
             body = b"" if request.method == "HEAD" else plan.body
-            data = _response_head(
-                plan.status, plan.content_type, len(plan.body), keep_alive, plan.headers
-            )
+            if plan.status == 304:
+                # No body and no entity headers (RFC 9110 15.4.5).
+                data = _not_modified_head(keep_alive, plan.headers)
+            else:
+                data = _response_head(
+                    plan.status, plan.content_type, len(plan.body), keep_alive, plan.headers
+                )
             if plan.action == _TRUNCATE:
                 # Headers promise the whole body; send half of it, then close (FIN).
                 writer.write(data + body[: len(body) // 2])
@@ -251,7 +270,7 @@ class _Site:
                 plan = _Plan(429, b"host rate limit\n", headers=retry)
                 fault = "host-rate"
             else:
-                plan, fault, page_early = self._route(host, path, page, arrival)
+                plan, fault, page_early = self._route(host, path, page, arrival, request)
                 early = early or page_early
         plan.delay += self.latency
         self._record(
@@ -267,7 +286,7 @@ class _Site:
         return plan
 
     def _route(
-        self, host: str, path: str, page: int | None, arrival: float
+        self, host: str, path: str, page: int | None, arrival: float, request: _Request
     ) -> tuple[_Plan, str | None, bool]:
         if path == "/":
             return _Plan(200, self._indexes[host], _HTML), None, False
@@ -276,15 +295,17 @@ class _Site:
             return _Plan(301, b"moved\n", headers=(("Location", path[2:]),)), None, False
         if page is None:
             return _Plan(404, b"not found\n"), None, False
-        return self._page(host, path, page, arrival)
+        return self._page(host, path, page, arrival, request)
 
-    def _page(self, host: str, path: str, i: int, arrival: float) -> tuple[_Plan, str | None, bool]:
+    def _page(
+        self, host: str, path: str, i: int, arrival: float, request: _Request
+    ) -> tuple[_Plan, str | None, bool]:
         key = (host, i)
         if key not in self._faults:
             self._faults[key] = page_fault(self.config, host, i)
         kind = self._faults[key]
         if kind is None:
-            return _Plan(200, self._body(host, i), _HTML), None, False
+            return self._validated(host, i, request), None, False
         counter = (host, path)
         self.hits[counter] += 1
         count = self.hits[counter]
@@ -332,8 +353,50 @@ class _Site:
         body = self._pages.get(key)
         if body is None:
             render = _render_js_page if is_js_page(self.config, i) else _render_page
-            body = self._pages[key] = render(self.config, host, i)
+            body = render(self.config, host, i)
+            version = self.versions.get(key, 0)
+            if version:
+                body = body.replace(b"</body>", f"<p>version {version}</p></body>".encode())
+            self._pages[key] = body
         return body
+
+    def _validated(self, host: str, i: int, request: _Request) -> _Plan:
+        """A page; with ``validators``, its ETag and Last-Modified, and a 304 for a
+        conditional request that names the current version."""
+        body = self._body(host, i)
+        if not self.config.validators:
+            return _Plan(200, body, _HTML)
+        version = self.versions.get((host, i), 0)
+        etag = f'"{i}-v{version}"'
+        modified = _EPOCH_MODIFIED + 86400 * version
+        headers = (
+            ("ETag", etag),
+            ("Last-Modified", email.utils.formatdate(modified, usegmt=True)),
+        )
+        match = request.headers.get("if-none-match")
+        since = request.headers.get("if-modified-since")
+        if match is not None:
+            fresh = etag in {t.strip() for t in match.split(",")} or match.strip() == "*"
+        elif since is not None:
+            try:
+                fresh = email.utils.parsedate_to_datetime(since).timestamp() >= modified
+            except (TypeError, ValueError):
+                fresh = False
+        else:
+            fresh = False
+        if fresh:
+            return _Plan(304, headers=headers)
+        return _Plan(200, body, _HTML, headers=headers)
+
+    def change(self, every: int) -> int:
+        """A new version of every ``every``-th page of every host; how many changed."""
+        changed = 0
+        for host in self.config.hosts:
+            for i in range(0, self.config.pages, every):
+                self.versions[(host, i)] = self.versions.get((host, i), 0) + 1
+                self._pages.pop((host, i), None)
+                changed += 1
+        return changed
 
     def _record(
         self,
@@ -359,6 +422,8 @@ class _Site:
                 "fault": fault,
                 "early": early,
                 "ua": request.headers.get("user-agent"),
+                "conditional": "if-none-match" in request.headers
+                or "if-modified-since" in request.headers,
             }
             self.log.write(json.dumps(record) + "\n")
             self.log.flush()
@@ -380,6 +445,12 @@ class _Site:
             now = time.monotonic()
             self.outages.append((now, now + seconds))
             return _Plan(200, json.dumps({"outage_seconds": seconds}).encode(), _JSON)
+        if path == "/_control/change":
+            values = parse_qs(query).get("every", [])
+            every = int(values[0]) if len(values) == 1 and values[0].isdigit() else 0
+            if every < 1:
+                return _Plan(400, b"need ?every=K with K >= 1\n")
+            return _Plan(200, json.dumps({"changed": self.change(every)}).encode(), _JSON)
         if path == "/_control/host-rate":
             try:
                 answer = self.limiter.control(query, time.time())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,7 +53,15 @@ class PagesSpider(scrapy.Spider):
         h1 = response.css("h1#page")
         if h1:
             page = int(h1.attrib["data-page"])
-            yield {"host": h1.attrib["data-host"], "page": page, "url": response.url}
+            yield {
+                "host": h1.attrib["data-host"],
+                "page": page,
+                "url": response.url,
+                # What the HTTP cache tests check: whence the body, and which body.
+                "cached": "cached" in response.flags,
+                "sha256": hashlib.sha256(response.body).hexdigest(),
+                "version": int(response.css("p::text").re_first(r"version (\d+)") or 0),
+            }
             if page == self.bad_meta_page:
                 yield response.follow(
                     "/p/999999", callback=self.parse_page, meta={"unstorable": object()}

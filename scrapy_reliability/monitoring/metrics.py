@@ -22,6 +22,19 @@ if TYPE_CHECKING:
 # The package's logger: its name is in the log lines.
 logger = logging.getLogger("scrapy_reliability.monitoring")
 _BAN_SIGNALS = ("403_share", "challenge", "empty_body")
+#: The reliability_http_cache results and the Scrapy stats (httpcache/...) they count.
+_CACHE_RESULTS = (
+    ("hit", "hit"),
+    ("miss", "miss"),
+    ("stale", "stale"),
+    ("revalidated", "revalidate"),
+    ("changed", "invalidate"),
+    ("stored", "store"),
+    ("corrupt", "corrupt"),
+    ("evicted", "evicted"),
+    ("error", "retrieve_error"),
+    ("store_error", "store_error"),
+)
 
 
 class Metrics:
@@ -139,6 +152,15 @@ class Metrics:
         )
         for name in _BAN_SIGNALS:
             family.add_metric([name], stat(f"ban/{name}"))
+        yield family
+        family = CounterMetricFamily(
+            "reliability_http_cache",
+            "HTTP cache lookups and stores of this worker, by result (docs/http-cache.md).",
+            labels=["result"],
+        )
+        for result, key in _CACHE_RESULTS:
+            value = self.stats.get_value(f"httpcache/{key}", 0)
+            family.add_metric([result], float(value) if isinstance(value, (int, float)) else 0.0)
         yield family
 
 

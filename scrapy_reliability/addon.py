@@ -39,7 +39,9 @@ class Addon:
     :class:`scrapy_reliability.playwright_handler.PlaywrightDownloadHandler` there
     instead: the same handler, whose browser requests always come back.
 
-    With ``HTTPCACHE_STORAGE = "scrapy_reliability.HttpCacheStorage"`` it sets
+    With ``RELIABILITY_RECRAWL_AFTER`` it adds
+    :class:`scrapy_reliability.recrawl.RecrawlMiddleware` (docs/recrawl.md). With
+    ``HTTPCACHE_STORAGE = "scrapy_reliability.HttpCacheStorage"`` it sets
     ``HTTPCACHE_POLICY`` to :class:`scrapy_reliability.HttpCachePolicy` (unless the
     project set one).
 
@@ -70,6 +72,13 @@ class Addon:
         with _startup.reported(self.crawler):
             scrapy_hooks.check()
             config = _startup.check_settings(settings)
+            if config.recrawl.on:
+                from scrapy_reliability.recrawl import RecrawlMiddleware
+
+                # Right after the HTTP cache middleware (900): it sees what the cache serves.
+                settings.set_in_component_priority_dict(
+                    "DOWNLOADER_MIDDLEWARES", RecrawlMiddleware, 895
+                )
             if config.monitoring.json_logs:
                 # As early as an add-on can: every later line of the crawl log is JSON.
                 install_json_logs(self.crawler)

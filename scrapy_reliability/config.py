@@ -20,6 +20,8 @@ from scrapy.settings import BaseSettings
 from scrapy_reliability.canonical import CanonicalPolicy, policy_from_settings
 from scrapy_reliability.domain_limits import LimitsOrigin, _politeness, limits_text
 from scrapy_reliability.frontier.politeness import Politeness
+from scrapy_reliability.frontier.recrawl import RecrawlRules
+from scrapy_reliability.recrawl import rules_from_settings
 from scrapy_reliability.settings_values import (
     MAX_AGE_SECONDS,
     MAX_CLAIM_BATCH,
@@ -208,6 +210,8 @@ class Config:
     monitoring: Monitoring = field(default_factory=Monitoring)
     #: The canonical URL policy (RELIABILITY_CANONICAL_*): what CanonicalFingerprinter keys.
     canonical: CanonicalPolicy = field(default_factory=CanonicalPolicy)
+    #: Incremental recrawls (RELIABILITY_RECRAWL_*): when a finished job's pages are due.
+    recrawl: RecrawlRules = field(default_factory=RecrawlRules)
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Config:
@@ -274,6 +278,7 @@ class Config:
             limits_origin=origin,
             monitoring=Monitoring.from_settings(settings),
             canonical=policy_from_settings(settings),
+            recrawl=rules_from_settings(settings),
             max_in_flight=(
                 positive_int(settings, "RELIABILITY_MAX_IN_FLIGHT", 1, maximum=MAX_COUNT)
                 if settings.get("RELIABILITY_MAX_IN_FLIGHT") is not None

@@ -133,12 +133,14 @@ def _politeness(settings: BaseSettings) -> tuple[Politeness, LimitsOrigin]:
         where = f"RELIABILITY_DOMAINS[{domain!r}]"
         if not isinstance(options, Mapping):
             raise _error(where, f"a dict like {shape}", options)
-        unknown = set(options) - {"rate", "burst", "concurrency"}
+        unknown = set(options) - {"rate", "burst", "concurrency", "recrawl_after"}
         if unknown:
             raise SettingError(
                 f"{where} has unknown keys {_shown(sorted(map(str, unknown)))}; "
-                "use rate, burst and concurrency."
+                "use rate, burst, concurrency and recrawl_after."
             )
+        if not {"rate", "burst", "concurrency"} & set(options):
+            continue  # only recrawl_after (scrapy_reliability/recrawl.py)
         d_rate = default.rate
         if "rate" in options:
             d_rate = _float_in(

@@ -33,6 +33,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import cache, dialect
 from scrapy_reliability.frontier.errors import first_line
+from scrapy_reliability.frontier.recrawl import DUE
+from scrapy_reliability.recrawl import cache_namespace
+from scrapy_reliability.scheduling.meta import RECRAWL_META, REVALIDATED_META
 from scrapy_reliability.settings_values import (
     MAX_SECONDS,
     _error,
@@ -53,7 +56,6 @@ STALE = "stale"
 _NEVER_STORED = frozenset({304, 408, 429})
 #: The largest cache bound accepted (1 PiB).
 _MAX_BYTES = 1 << 50
-DEFAULT_NAMESPACE = "1"
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class CacheOptions:
     #: RELIABILITY_CACHE_TTL entries keyed by domain (a key matches its subdomains too).
     domains: Mapping[str, float] = field(default_factory=dict)
     #: RELIABILITY_CACHE_NAMESPACE: the version of the parsing code.
-    namespace: str = DEFAULT_NAMESPACE
+    namespace: str = "1"
     #: RELIABILITY_CACHE_MAX_BYTES: stored (compressed) bytes at most; 0: no bound.
     max_bytes: int = 0
 
@@ -95,21 +97,12 @@ class CacheOptions:
                 types[name] = ttl
             else:
                 domains[name.rstrip(".")] = ttl
-        raw_ns = settings.get("RELIABILITY_CACHE_NAMESPACE", DEFAULT_NAMESPACE)
-        if isinstance(raw_ns, int) and not isinstance(raw_ns, bool):
-            raw_ns = str(raw_ns)
-        if not isinstance(raw_ns, str) or not raw_ns.strip() or len(raw_ns.strip()) > 64:
-            raise _error(
-                "RELIABILITY_CACHE_NAMESPACE",
-                "a short string, 1 to 64 characters (e.g. '2' after a parser change)",
-                raw_ns,
-            )
         max_bytes = settings.get("RELIABILITY_CACHE_MAX_BYTES")
         return cls(
             default_ttl=default,
             content_types=types,
             domains=domains,
-            namespace=raw_ns.strip(),
+            namespace=cache_namespace(settings),
             max_bytes=0
             if max_bytes is None
             else _int_in(
@@ -182,7 +175,9 @@ class HttpCachePolicy(DummyPolicy):
         return True
 
     def is_cached_response_fresh(self, cachedresponse: Response, request: Request) -> bool:
-        if STALE not in cachedresponse.flags:
+        recrawl = request.meta.get(RECRAWL_META)
+        due = isinstance(recrawl, dict) and recrawl.get("why") == DUE
+        if STALE not in cachedresponse.flags and not due:
             return True
         headers = cachedresponse.headers
         if b"Last-Modified" in headers:
@@ -198,6 +193,7 @@ class HttpCachePolicy(DummyPolicy):
             return False
         if STALE in cachedresponse.flags:
             cachedresponse.flags.remove(STALE)
+        request.meta[REVALIDATED_META] = True
         return True
 
 

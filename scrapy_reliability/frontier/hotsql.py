@@ -39,7 +39,10 @@ class HotSql(abc.ABC):
         "job_id, fingerprint, state, priority, domain, url, payload, not_before, "
         "attempts, created_at, updated_at"
     )
-    _CLAIMED = "id, fingerprint, payload, attempts, priority, first_failed_at"
+    _CLAIMED = (
+        "id, fingerprint, payload, attempts, priority, first_failed_at, "
+        "content_hash, content_ns, recrawl_interval, recrawl"
+    )
 
     def __init__(self) -> None:
         self._texts: dict[tuple[str, int], str] = {}
@@ -207,6 +210,10 @@ class HotSql(abc.ABC):
                 int(r[3]),
                 int(r[4]),
                 None if r[5] is None else float(r[5]),
+                _text_or_none(r[6]),
+                _text_or_none(r[7]),
+                float(r[8]) if isinstance(r[8], (int, float)) and r[8] > 0 else None,
+                _text_or_none(r[9]),
             )
             for r in rows
         ]
@@ -385,6 +392,11 @@ class SqliteHotSql(HotSql):
             ids,
         )
         return self._claimed(rows, token)
+
+
+def _text_or_none(value: Any) -> str | None:
+    """A stored text column, or None for NULL and for anything that is not text."""
+    return value if isinstance(value, str) else None
 
 
 def hot_sql(engine: Engine) -> HotSql:

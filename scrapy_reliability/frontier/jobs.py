@@ -13,6 +13,7 @@ from scrapy_reliability.frontier import operations
 from scrapy_reliability.frontier.domains import carry_learned_rates
 from scrapy_reliability.frontier.errors import JobFinished, JobMismatch
 from scrapy_reliability.frontier.records import UNPROCESSED_CLASSES, Job
+from scrapy_reliability.frontier.recrawl import RecrawlRules, Reopened, reopen_due
 from scrapy_reliability.frontier.reports import DeadFilter
 from scrapy_reliability.frontier.schema import (
     DEAD,
@@ -39,9 +40,12 @@ def open_job(
     reuse_finished: bool,
     restart_finished: bool,
     now: float,
+    recrawl: RecrawlRules | None = None,
 ) -> Job:
     """See :meth:`Frontier.open_job`; raises IntegrityError when another worker
     created the same generation meanwhile."""
+    recrawls = recrawl is not None and recrawl.on and not restart_finished
+    reuse_finished = reuse_finished or recrawls
     row = conn.execute(
         select(
             jobs.c.id,
@@ -69,7 +73,26 @@ def open_job(
             )
         if row.url_policy != url_policy:
             _check_policy_change(conn, name, row.id, row.url_policy, url_policy)
-        return Job(row.id, name, row.generation, True, dedup_scheme, url_policy)
+        due = Reopened()
+        if recrawls and row.state != JOB_RUNNING:
+            assert recrawl is not None
+            due = reopen_due(conn, row.id, recrawl, now)
+            if due.total:
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id == row.id)
+                    .values(state=JOB_RUNNING, finished_at=None)
+                )
+        return Job(
+            row.id,
+            name,
+            row.generation,
+            True,
+            dedup_scheme,
+            url_policy,
+            recrawl_due=due.due,
+            recrawl_parse=due.parse,
+        )
     generation = 1 if row is None else row.generation + 1
     job_id = conn.execute(
         jobs.insert()

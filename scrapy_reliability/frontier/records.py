@@ -54,6 +54,10 @@ class Job:
     dedup_scheme: str
     #: The canonical URL policy version of its keys (None: the fingerprinter has none).
     url_policy: str | None = None
+    #: A finished job crawled again for its due pages (RELIABILITY_RECRAWL_AFTER):
+    #: rows made pending by age, and for a parse under a new cache namespace.
+    recrawl_due: int = 0
+    recrawl_parse: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,13 @@ class Claimed:
     attempts: int
     priority: int
     first_failed_at: float | None = None
+    #: What the row's last fetch found (incremental recrawls): the body's SHA-256,
+    #: the cache namespace it was parsed under, its adaptive interval, and why it is
+    #: pending again ("due", "parse"; None: a first fetch).
+    content_hash: str | None = None
+    content_ns: str | None = None
+    recrawl_interval: float | None = None
+    recrawl: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,10 @@ class Transition:
     #: When the request was claimed (sent): a throttle of a request sent before the
     #: domain's last decrease is the same overload event.
     claimed_at: float | None = None
+    #: An ack under incremental recrawls: what the fetch found (see frontier/recrawl.py).
+    content_hash: str | None = None
+    content_ns: str | None = None
+    recrawl_interval: float | None = None
 
 
 @dataclass(frozen=True)

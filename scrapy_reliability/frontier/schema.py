@@ -110,6 +110,15 @@ requests = Table(
     # The class of the last failure (transient, throttled, permanent, cancelled).
     Column("error_class", String(16), nullable=True),
     Column("first_failed_at", Float, nullable=True),
+    # Incremental recrawls (RELIABILITY_RECRAWL_AFTER): when the row was last fetched
+    # and acked, the SHA-256 of the body its callback parsed and the
+    # RELIABILITY_CACHE_NAMESPACE it was parsed under, its adaptive interval, and why
+    # a pending row is a recrawl ('due': its age passed; 'parse': another namespace).
+    Column("fetched_at", Float, nullable=True),
+    Column("content_hash", String(64), nullable=True),
+    Column("content_ns", String(64), nullable=True),
+    Column("recrawl_interval", Float, nullable=True),
+    Column("recrawl", String(8), nullable=True),
     UniqueConstraint("job_id", "fingerprint"),
     CheckConstraint("state IN ('pending', 'leased', 'done', 'ignored', 'dead')", name="state"),
     CheckConstraint(

@@ -45,6 +45,7 @@ from scrapy_reliability.frontier.records import (
     WriteResult,
     storable_text,
 )
+from scrapy_reliability.frontier.recrawl import RecrawlRules
 from scrapy_reliability.frontier.schema import fingerprints
 from scrapy_reliability.frontier.transitions import WritePath
 
@@ -148,6 +149,7 @@ class Frontier:
         url_policy: str | None = None,
         reuse_finished: bool = False,
         restart_finished: bool = False,
+        recrawl: RecrawlRules | None = None,
         now: float | None = None,
     ) -> Job:
         """The running job of that name, or its first run when none exists.
@@ -155,7 +157,9 @@ class Frontier:
         When the last run finished: with ``reuse_finished`` (a retry pass) that run
         is returned; with ``restart_finished`` a new run (generation) starts;
         otherwise :class:`JobFinished` is raised, so that a worker joining a
-        finished job never starts the whole crawl again by accident.
+        finished job never starts the whole crawl again by accident. With
+        ``recrawl`` (incremental recrawls on) a finished run is returned with its
+        due rows pending again (see :mod:`scrapy_reliability.frontier.recrawl`).
 
         ``dedup_scheme`` (the fingerprinter) and ``url_policy`` (its canonical URL
         policy version, None for none) must be the job's: :class:`JobMismatch`
@@ -171,6 +175,7 @@ class Frontier:
                     reuse_finished=reuse_finished,
                     restart_finished=restart_finished,
                     now=now,
+                    recrawl=recrawl,
                 )
         except IntegrityError:
             # Another worker created this generation at the same moment: join it.

@@ -24,6 +24,7 @@ from scrapy_reliability.frontier.records import (
     WriteBatch,
     storable_text,
 )
+from scrapy_reliability.frontier.recrawl import Fetched, record_fetches
 from scrapy_reliability.frontier.schema import DEAD, LEASED, PENDING, dead_letters, requests
 
 # Rows per INSERT statement: far below SQLite's bound-parameter limit.
@@ -69,6 +70,14 @@ class WritePath:
             self._record_refusals(conn, job_id, batch.refusals, now)
         settled, lost = self.apply_transitions(conn, batch.transitions, now)
         lost_ids = set(lost)
+        fetched = [
+            Fetched(tr.task_id, tr.content_hash, tr.content_ns, tr.recrawl_interval)
+            for tr in batch.transitions
+            if tr.content_hash is not None
+            and tr.outcome is Outcome.DONE
+            and tr.task_id not in lost_ids
+        ]
+        record_fetches(conn, fetched, now)
         if batch.domain_updates:
             self._domains.apply_updates(conn, job_id, batch.domain_updates, now)
         signals = [

@@ -20,11 +20,12 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import Claimed, ClaimResult, ClaimSpec
+from scrapy_reliability.frontier.recrawl import DUE, PARSE
 from scrapy_reliability.scheduling import engine
 from scrapy_reliability.scheduling.batches import WRITE_RETRY_SECONDS
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
-from scrapy_reliability.scheduling.meta import ATTEMPTS_META, TASK_META
+from scrapy_reliability.scheduling.meta import ATTEMPTS_META, RECRAWL_META, TASK_META
 from scrapy_reliability.scheduling.storage import StorageHealth
 from scrapy_reliability.scheduling.writes import WritePipeline
 from scrapy_reliability.serialization import CorruptPayload, MissingCallback, payload_to_request
@@ -211,6 +212,14 @@ class ClaimBuffer:
             return False
         request.meta[TASK_META] = row.id
         request.meta[ATTEMPTS_META] = row.attempts
+        if row.recrawl in (DUE, PARSE):
+            request.meta[RECRAWL_META] = {
+                "why": row.recrawl,
+                "hash": row.content_hash,
+                "ns": row.content_ns,
+            }
+        lease.content_hash = row.content_hash
+        lease.recrawl_interval = row.recrawl_interval
         lease.retry_times = retry_times
         lease.attempts = row.attempts
         lease.first_failed_at = row.first_failed_at

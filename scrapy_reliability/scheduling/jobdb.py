@@ -99,6 +99,7 @@ def open_job(
                 url_policy=url_policy,
                 reuse_finished=retry_pass is not None,
                 restart_finished=config.restart_finished,
+                recrawl=config.recrawl if config.recrawl.on else None,
             )
         except JobFinished as exc:
             frontier.close()

@@ -23,6 +23,14 @@ RETRY_META = "reliability_retry"
 #: On a request that failed for good: why, for its dead letter (a :class:`FailureMeta`).
 FAILURE_META = "reliability_failure"
 
+#: On a recrawled request (set at claim): why ("due", "parse") and what its last
+#: fetch found: {"why": ..., "hash": SHA-256 or None, "ns": cache namespace or None}.
+RECRAWL_META = "reliability_recrawl"
+#: The SHA-256 of the response body (set by RecrawlMiddleware, recorded at the ack).
+CONTENT_META = "reliability_content_hash"
+#: The HTTP cache revalidated the stored response (a 304) for this request.
+REVALIDATED_META = "reliability_revalidated"
+
 #: Meta keys that describe one fetch of a request, not the request: never stored.
 TRANSIENT_META = frozenset(
     {
@@ -30,8 +38,14 @@ TRANSIENT_META = frozenset(
         ATTEMPTS_META,
         RETRY_META,
         FAILURE_META,
+        RECRAWL_META,
+        CONTENT_META,
+        REVALIDATED_META,
         "download_latency",
         "_slot_proxy",
+        # Scrapy's HTTP cache middleware: a Response object and a time of this fetch.
+        "cached_response",
+        "cache_timestamp",
     }
 )
 

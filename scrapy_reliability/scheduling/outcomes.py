@@ -21,13 +21,14 @@ from twisted.python.failure import Failure
 
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import DeadItem, Outcome, Transition
+from scrapy_reliability.frontier.recrawl import next_interval
 from scrapy_reliability.frontier.store import storable_text
 from scrapy_reliability.items import DeadLetter, export_to_dead_letter_feeds
 from scrapy_reliability.retry import ErrorClass, RetryPolicy
 from scrapy_reliability.scheduling import engine
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
-from scrapy_reliability.scheduling.meta import failure_of, retry_of
+from scrapy_reliability.scheduling.meta import CONTENT_META, failure_of, retry_of
 from scrapy_reliability.scheduling.politeness import LocalPoliteness
 from scrapy_reliability.scheduling.writes import WritePipeline
 from scrapy_reliability.serialization import (
@@ -156,13 +157,34 @@ class Outcomes:
                 "error": f"{type(result.value).__name__}: {result.value}",
             }
         if failure is None:
-            self.ack(lease)
+            content = request.meta.get(CONTENT_META)
+            self.ack(lease, content if isinstance(content, str) else None)
             return None
         return self.bury(lease, failure)
 
-    def ack(self, lease: Lease) -> None:
-        """Done: callback output consumed, items settled."""
-        self._settle(lease, Outcome.DONE)
+    def ack(self, lease: Lease, content_hash: str | None = None) -> None:
+        """Done: callback output consumed, items settled. Under incremental recrawls
+        with the body's ``content_hash``: what the fetch found, and the row's next
+        interval."""
+        rules = self.ctx.config.recrawl
+        if content_hash is not None and rules.on:
+            previous = lease.content_hash
+            changed = None if previous is None else previous != content_hash
+            self.leases.start_settling(lease)
+            self.writes.transition(
+                Transition(
+                    lease.task_id,
+                    lease.token,
+                    Outcome.DONE,
+                    content_hash=content_hash,
+                    content_ns=rules.namespace,
+                    recrawl_interval=next_interval(
+                        rules, lease.domain, lease.recrawl_interval, changed
+                    ),
+                )
+            )
+        else:
+            self._settle(lease, Outcome.DONE)
         crash_point("ack_buffered")
         successes = self.writes.batch.successes
         successes[lease.domain] = successes.get(lease.domain, 0) + 1

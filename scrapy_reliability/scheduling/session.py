@@ -177,6 +177,23 @@ class Session:
                 {"job": job.name, "gen": job.generation, "url": redact(ctx.frontier.engine.url)},
                 extra=ctx.log(),
             )
+        if job.recrawl_due or job.recrawl_parse:
+            rules = ctx.config.recrawl
+            logger.info(
+                "Recrawl of job %(job)s (run %(gen)d): %(due)d pages due again (older than "
+                "%(age)s), %(parse)d to parse again under cache namespace %(ns)s",
+                {
+                    "job": job.name,
+                    "gen": job.generation,
+                    "due": job.recrawl_due,
+                    "age": f"{rules.after:g} s" if rules.after else "their domain's age",
+                    "parse": job.recrawl_parse,
+                    "ns": rules.namespace,
+                },
+                extra=ctx.log(),
+            )
+        if ctx.config.recrawl.on:
+            stats.set_value("reliability/recrawl/due", job.recrawl_due + job.recrawl_parse)
         self._warn_of_other_versions(opened.peers)
         stats.set_value("reliability/job/run", job.generation)
         stats.set_value("reliability/job/resumed", job.resumed)
@@ -365,3 +382,31 @@ class Session:
         # After CoreStats wrote ``finish_reason`` (it connects first).
         if self._finish_reason is not None:
             self.ctx.stats.set_value("finish_reason", self._finish_reason)
+        if self.ctx.config.recrawl.on and self.ctx.job is not None:
+            self._recrawl_summary()
+
+    def _recrawl_summary(self) -> None:
+        """What this worker's part of an incremental recrawl found, in one line."""
+        stats = self.ctx.stats
+
+        def n(key: str) -> int:
+            value = stats.get_value(f"reliability/{key}", 0)
+            return int(value) if isinstance(value, (int, float)) else 0
+
+        stats.set_value("reliability/recrawl/new", n("stored"))
+        logger.info(
+            "Recrawl summary of job %(job)s: %(due)d due, %(fetched)d fetched, "
+            "%(unchanged)d unchanged, %(changed)d changed, %(reparsed)d parsed again "
+            "(namespace), %(new)d new, %(gone)d gone",
+            {
+                "job": self.ctx.job.name if self.ctx.job else "",
+                "due": n("recrawl/due"),
+                "fetched": n("recrawl/fetched"),
+                "unchanged": n("recrawl/unchanged"),
+                "changed": n("recrawl/changed"),
+                "reparsed": n("recrawl/reparsed"),
+                "new": n("stored"),
+                "gone": n("recrawl/gone"),
+            },
+            extra=self.ctx.log(),
+        )

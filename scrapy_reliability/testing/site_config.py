@@ -266,6 +266,15 @@ def _render_page(config: SiteConfig, host: str, i: int) -> bytes:
     ).encode()
 
 
+def versioned(body: bytes, i: int, version: int) -> bytes:
+    """Page ``i``'s body after ``/_control/change`` made ``version`` of it (0: the
+    original): a line naming the version and a link to a new URL of the page."""
+    if not version:
+        return body
+    extra = f'<p>version {version}</p><a href="/p/{i}?v={version}">v{version}</a></body>'
+    return body.replace(b"</body>", extra.encode())
+
+
 def is_js_page(config: SiteConfig, i: int) -> bool:
     """Whether page ``i`` is a JavaScript page (``js_pages`` divides ``i``)."""
     return config.js_pages > 0 and 0 <= i < config.pages and i % config.js_pages == 0

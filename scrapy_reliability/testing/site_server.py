@@ -28,6 +28,7 @@ from scrapy_reliability.testing.site_config import (
     _render_page,
     is_js_page,
     page_fault,
+    versioned,
 )
 from scrapy_reliability.testing.site_limiter import HostLimiter
 
@@ -145,6 +146,8 @@ class _Site:
         self._pages: dict[tuple[str, int], bytes] = {}
         #: Page versions changed by /_control/change (absent: version 0).
         self.versions: dict[tuple[str, int], int] = {}
+        #: Pages /_control/gone removed (answered 410).
+        self.gone: set[tuple[str, int]] = set()
         self._indexes = {h: _render_index(h) for h in config.hosts}
 
     def mark_started(self) -> None:
@@ -353,16 +356,15 @@ class _Site:
         body = self._pages.get(key)
         if body is None:
             render = _render_js_page if is_js_page(self.config, i) else _render_page
-            body = render(self.config, host, i)
-            version = self.versions.get(key, 0)
-            if version:
-                body = body.replace(b"</body>", f"<p>version {version}</p></body>".encode())
+            body = versioned(render(self.config, host, i), i, self.versions.get(key, 0))
             self._pages[key] = body
         return body
 
     def _validated(self, host: str, i: int, request: _Request) -> _Plan:
         """A page; with ``validators``, its ETag and Last-Modified, and a 304 for a
         conditional request that names the current version."""
+        if (host, i) in self.gone:
+            return _Plan(410, b"gone\n")
         body = self._body(host, i)
         if not self.config.validators:
             return _Plan(200, body, _HTML)
@@ -445,12 +447,20 @@ class _Site:
             now = time.monotonic()
             self.outages.append((now, now + seconds))
             return _Plan(200, json.dumps({"outage_seconds": seconds}).encode(), _JSON)
-        if path == "/_control/change":
+        if path in ("/_control/change", "/_control/gone"):
             values = parse_qs(query).get("every", [])
             every = int(values[0]) if len(values) == 1 and values[0].isdigit() else 0
             if every < 1:
                 return _Plan(400, b"need ?every=K with K >= 1\n")
-            return _Plan(200, json.dumps({"changed": self.change(every)}).encode(), _JSON)
+            if path == "/_control/change":
+                return _Plan(200, json.dumps({"changed": self.change(every)}).encode(), _JSON)
+            gone = [
+                (h, i)
+                for h in self.config.hosts
+                for i in range(every - 1, self.config.pages, every)
+            ]
+            self.gone.update(gone)
+            return _Plan(200, json.dumps({"gone": len(gone)}).encode(), _JSON)
         if path == "/_control/host-rate":
             try:
                 answer = self.limiter.control(query, time.time())

@@ -75,9 +75,10 @@ class Addon:
             if config.recrawl.on:
                 from scrapy_reliability.recrawl import RecrawlMiddleware
 
-                # Right after the HTTP cache middleware (900): it sees what the cache serves.
+                # Between HttpCompressionMiddleware (590) and the retry middleware
+                # (550): it hashes decoded bodies, the cache's included.
                 settings.set_in_component_priority_dict(
-                    "DOWNLOADER_MIDDLEWARES", RecrawlMiddleware, 895
+                    "DOWNLOADER_MIDDLEWARES", RecrawlMiddleware, 580
                 )
             if config.monitoring.json_logs:
                 # As early as an add-on can: every later line of the crawl log is JSON.

@@ -26,6 +26,8 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from w3lib.url import canonicalize_url, url_query_cleaner
 
+from scrapy_reliability.frontier.politeness import longest_match
+
 __all__ = [
     "CODE_VERSION",
     "DEFAULT_DROP_PARAMS",
@@ -166,14 +168,7 @@ class CanonicalPolicy:
         )
 
     def rule_for(self, host: str) -> DomainRule | None:
-        if not self.domains or not host:
-            return None
-        parts = host.split(".")
-        for i in range(len(parts)):
-            found = self.domains.get(".".join(parts[i:]))
-            if found is not None:
-                return found
-        return None
+        return longest_match(self.domains, host)
 
     def canonical_url(self, url: str) -> str:
         """The canonical form of ``url``; ValueError for what w3lib cannot parse."""

@@ -33,6 +33,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import cache, dialect
 from scrapy_reliability.frontier.errors import first_line
+from scrapy_reliability.frontier.politeness import longest_match
 from scrapy_reliability.frontier.recrawl import DUE
 from scrapy_reliability.recrawl import cache_namespace
 from scrapy_reliability.scheduling.meta import RECRAWL_META, REVALIDATED_META
@@ -117,12 +118,9 @@ class CacheOptions:
     def ttl(self, domain: str, content_type: str) -> float:
         """The TTL of an entry: the longest matching domain rule, else its content
         type (exact, then ``type/*``), else HTTPCACHE_EXPIRATION_SECS."""
-        host = domain
-        while host:
-            found = self.domains.get(host)
-            if found is not None:
-                return found
-            _, _, host = host.partition(".")
+        found = longest_match(self.domains, domain)
+        if found is not None:
+            return found
         ctype = content_type.lower()
         found = self.content_types.get(ctype)
         if found is None:

@@ -121,8 +121,9 @@ class RecrawlMiddleware:
     """Hashes response bodies for the frontier, and skips the parse of a recrawled
     page whose body is the one its callback last parsed (same cache namespace).
 
-    Placed right after the HTTP cache middleware (895): it sees what the cache
-    serves, a 304's stored body included.
+    At 580, between HttpCompressionMiddleware (590) and the retry middleware (550):
+    it hashes the decoded body the callback parses, after the HTTP cache (900) served
+    or revalidated it (a 304's stored body included).
     """
 
     def __init__(self, stats: StatsCollector, namespace: str) -> None:

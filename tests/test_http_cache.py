@@ -191,7 +191,7 @@ def _scrapy_refreshes() -> bool:
 def test_a_kill_inside_a_cache_write_never_serves_a_partial_body(tmp_path: Path) -> None:
     log = tmp_path / "site.jsonl"
     project = make_project(tmp_path)
-    with _site(log, latency_ms=20) as site:
+    with _site(log, latency_ms=50) as site:
         config = site.config
         crawl = _crawl(project, site, "run1.jsonl")
         proc = crawl.start(env={"RELIABILITY_CRASH_POINT": "mid_cache_write:2"})

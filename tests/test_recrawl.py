@@ -189,3 +189,64 @@ def test_adaptive_intervals_grow_while_unchanged_and_shrink_on_change() -> None:
     assert next_interval(rules, "a.news.example.com", 10, False) == 20  # bounded below
     fixed = RecrawlRules(after=100)
     assert next_interval(fixed, "example.com", 140, False) == 100
+
+
+def test_reopen_picks_due_rows_by_the_longest_domain_rule(frontier: Any) -> None:
+    """The frontier's side, on both backends: which done rows a recrawl reopens."""
+    from sqlalchemy import update
+
+    from scrapy_reliability.frontier import NewRequest, Outcome, Transition, WriteBatch
+    from scrapy_reliability.frontier.schema import jobs, requests
+
+    job = frontier.open_job("recrawl", "scheme")
+    domains = [
+        "example.com",
+        "www.example.com",
+        "news.example.com",
+        "a.news.example.com",
+        "other.org",
+    ]
+    rows = [NewRequest(f"fp-{d}", 0, d, f"http://{d}/", "{}") for d in domains]
+    frontier.write(job.id, WriteBatch(inserts=rows))
+    claimed = frontier.claim(job.id, "w", limit=10, lease_seconds=30).rows
+    frontier.write(
+        job.id,
+        WriteBatch(
+            transitions=[
+                Transition(r.id, r.token, Outcome.DONE, content_hash="h", content_ns="1")
+                for r in claimed
+            ]
+        ),
+    )
+    now = 1_000_000.0
+    with frontier.engine.begin() as conn:
+        # Every row last fetched 50 s before "now"; the job finished.
+        conn.execute(update(requests).values(fetched_at=now - 50))
+        conn.execute(update(jobs).values(state="finished", finished_at=now - 40))
+    rules = RecrawlRules(
+        after=100,  # other.org and example.com: not due
+        domains={"news.example.com": 30, "a.news.example.com": 0, "www.example.com": 40},
+        namespace="1",
+    )
+    reopened = frontier.open_job("recrawl", "scheme", recrawl=rules, now=now)
+    assert (reopened.id, reopened.recrawl_due, reopened.recrawl_parse) == (job.id, 2, 0)
+    with frontier.engine.connect() as conn:
+        states = dict(conn.execute(text("SELECT domain, state FROM reliability_requests")).all())
+        recrawl = dict(conn.execute(text("SELECT domain, recrawl FROM reliability_requests")).all())
+        job_state = conn.execute(text("SELECT state FROM reliability_jobs")).scalar()
+    assert states == {
+        "example.com": "done",
+        "www.example.com": "pending",
+        "news.example.com": "pending",
+        "a.news.example.com": "done",  # its own rule, 0: never
+        "other.org": "done",
+    }
+    assert recrawl["news.example.com"] == "due"
+    assert job_state == "running"
+    # A new namespace: the remaining done rows come back for a parse.
+    with frontier.engine.begin() as conn:
+        conn.execute(update(jobs).values(state="finished"))
+    bumped = frontier.open_job(
+        "recrawl", "scheme", recrawl=RecrawlRules(after=1e9, namespace="2"), now=now
+    )
+    assert (bumped.recrawl_due, bumped.recrawl_parse) == (0, 3)

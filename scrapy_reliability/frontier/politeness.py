@@ -17,9 +17,24 @@ import json
 import random
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from scrapy_reliability.frontier import adaptive as ad
+
+_V = TypeVar("_V")
+
+
+def longest_match(rules: Mapping[str, _V], host: str) -> _V | None:
+    """The rule of ``host`` or of its closest parent domain in ``rules`` (keys in
+    lower case): a key matches its subdomains, the longest match wins."""
+    if not rules or not host:
+        return None
+    parts = host.split(".")
+    for i in range(len(parts)):
+        found = rules.get(".".join(parts[i:]))
+        if found is not None:
+            return found
+    return None
 
 
 @dataclass(frozen=True)
@@ -49,17 +64,8 @@ class Politeness:
     per_worker: int = 0
 
     def limits_for(self, domain: str) -> DomainLimits:
-        if not self.overrides:
-            return self.default
-        found = self.overrides.get(domain)
-        if found is not None:
-            return found
-        parts = domain.split(".")
-        for i in range(1, len(parts)):
-            found = self.overrides.get(".".join(parts[i:]))
-            if found is not None:
-                return found
-        return self.default
+        found = longest_match(self.overrides, domain)
+        return self.default if found is None else found
 
     def to_json(self) -> str:
         """The limits as JSON, stored with the job so that inspection commands

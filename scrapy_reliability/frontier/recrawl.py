@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, case, func, not_, or_, update
 
+from scrapy_reliability.frontier.politeness import longest_match
 from scrapy_reliability.frontier.schema import DONE, PENDING, requests
 
 #: Nutch's defaults: an unchanged page waits 40% longer, a changed one 20% less.
@@ -47,13 +48,8 @@ class RecrawlRules:
         return self.after > 0 or any(a > 0 for a in self.domains.values())
 
     def age_of(self, domain: str) -> float:
-        host = domain
-        while host:
-            found = self.domains.get(host)
-            if found is not None:
-                return found
-            _, _, host = host.partition(".")
-        return self.after
+        found = longest_match(self.domains, domain)
+        return self.after if found is None else found
 
 
 def next_interval(

@@ -20,6 +20,7 @@ from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transitio
 from scrapy_reliability.frontier.schema import (
     dead_letters,
     domains,
+    http_cache,
     jobs,
     metadata,
     requests,
@@ -130,7 +131,9 @@ def contents(url: str, names: tuple[str, ...] = (JOB, f"{JOB}:dupefilter")) -> d
             for r in conn.execute(select(requests).where(requests.c.job_id.in_(list(job_key))))
         }
         for table in metadata.sorted_tables:
-            key = table.c.id if table is jobs else table.c.job_id  # every table is a job's
+            if table is http_cache:
+                continue  # not a job's: a move leaves the HTTP cache behind
+            key = table.c.id if table is jobs else table.c.job_id  # every other is a job's
             rows = []
             for row in conn.execute(select(table).where(key.in_(list(job_key)))):
                 values = dict(row._mapping)

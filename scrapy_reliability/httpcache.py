@@ -14,6 +14,7 @@ serves the stored body), and never stores what a retry would fetch again (429,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from scrapy.http import Headers, Response
 from scrapy.responsetypes import responsetypes
 from scrapy.settings import BaseSettings
 from scrapy.utils.misc import load_object
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine, PoolProxiedConnection
 from sqlalchemy.exc import SQLAlchemyError
 
 from scrapy_reliability._crashpoints import crash_point
@@ -213,7 +214,7 @@ class HttpCacheStorage:
         #: misses, as with Scrapy's own storages.
         self.revalidates = isinstance(policy, type) and issubclass(policy, HttpCachePolicy)
         self._engine: Engine | None = None
-        self._reader: Connection | None = None
+        self._reader: PoolProxiedConnection | None = None
         self._read_sql = ""
         self._writer: _Writer | None = None
         self._stats: StatsCollector | None = None
@@ -268,7 +269,7 @@ class HttpCacheStorage:
         key = self._fingerprint(request).hex()
         try:
             row = self._read(key)
-        except SQLAlchemyError as exc:
+        except Exception as exc:  # the driver's own errors: a cache read costs a miss
             self._inc("httpcache/retrieve_error")
             reason = dialect.scrub(first_line(exc), self._engine.url)
             self._warn(f"Could not read the HTTP cache ({reason}): a miss")
@@ -300,7 +301,10 @@ class HttpCacheStorage:
             response.flags.append(STALE)
             self._inc("httpcache/stale")
         request.meta["cache_timestamp"] = entry.stored_at
-        self._writer.touch(self._scope, key, now)
+        if self.options.max_bytes:
+            # Eviction's order; without a bound nothing reads it, and a write per hit
+            # would cost every cached page a dead row version on PostgreSQL.
+            self._writer.touch(self._scope, key, now)
         return response
 
     def store_response(self, spider: Spider, request: Request, response: Response) -> None:
@@ -330,23 +334,28 @@ class HttpCacheStorage:
     # -- internals -----------------------------------------------------------------------
 
     def _read(self, key: str) -> Any:
+        """One lookup on this storage's own driver connection, in autocommit: no
+        BEGIN or ROLLBACK around it (SQLite in WAL mode and PostgreSQL give the
+        statement a snapshot of its own), none of SQLAlchemy's per-statement work."""
         assert self._engine is not None
         if self._reader is None:
-            options: dict[str, Any] = (
-                {dialect.READ_ONLY: True}
-                if dialect.is_sqlite(self._engine)
-                else {"isolation_level": "AUTOCOMMIT"}
-            )
-            self._reader = self._engine.connect().execution_options(**options)
+            raw = self._engine.raw_connection()
+            if not dialect.is_sqlite(self._engine):
+                raw.dbapi_connection.autocommit = True  # type: ignore[union-attr]
+            raw.detach()  # never back to the pool: its autocommit mode is this reader's
+            self._reader = raw
         try:
-            return self._reader.exec_driver_sql(self._read_sql, (self._scope, key)).first()
-        except SQLAlchemyError:
-            self._reader.close()
-            self._reader = None
+            cursor = self._reader.cursor()
+            try:
+                cursor.execute(self._read_sql, (self._scope, key))
+                return cursor.fetchone()
+            finally:
+                cursor.close()
+        except Exception:
+            reader, self._reader = self._reader, None
+            with contextlib.suppress(Exception):
+                reader.close()
             raise
-        finally:
-            if self._reader is not None and self._reader.in_transaction():
-                self._reader.rollback()
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self._stats is not None:

@@ -2,8 +2,8 @@
 next ``scrapy crawl`` fetches only the pages whose age has passed.
 
 The frontier makes those rows pending again (``frontier/recrawl.py``); the
-scheduler marks each such request with ``meta["reliability_recrawl"]`` ("due" or
-"parse"); :class:`RecrawlMiddleware` (added by the add-on) hashes every response
+scheduler marks each such request (``RECRAWL_META`` in ``scheduling/meta.py``: "due"
+or "parse"); :class:`RecrawlMiddleware` (added by the add-on) hashes every response
 body and, when a recrawled page's body is the one its callback last parsed under
 the same cache namespace, replaces its callback with one that does nothing: an
 unchanged page costs a request (a 304 with the HTTP cache) and no parse. The ack

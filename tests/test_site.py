@@ -673,7 +673,17 @@ def test_log_records_page_requests_only(tmp_path: pathlib.Path) -> None:
         log = site.read_log()
         assert len(log) == 2
         first, second = log
-        assert set(first) == {"t", "host", "path", "page", "status", "fault", "early", "ua"}
+        assert set(first) == {
+            "t",
+            "host",
+            "path",
+            "page",
+            "status",
+            "fault",
+            "early",
+            "ua",
+            "conditional",
+        }
         assert before <= first["t"] <= second["t"] <= after
         assert {k: v for k, v in first.items() if k != "t"} == {
             "host": "127.0.0.3",
@@ -683,6 +693,7 @@ def test_log_records_page_requests_only(tmp_path: pathlib.Path) -> None:
             "fault": None,
             "early": False,
             "ua": "probe/1.0",
+            "conditional": False,
         }
         assert (second["page"], second["status"], second["ua"]) == (None, 404, "other")
 

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine
 
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.records import Claimed, NewRequest
+from scrapy_reliability.frontier.recrawl import MAX_INTERVAL
 from scrapy_reliability.frontier.schema import LEASED, PENDING, domains, requests
 
 
@@ -212,7 +213,9 @@ class HotSql(abc.ABC):
                 None if r[5] is None else float(r[5]),
                 _text_or_none(r[6]),
                 _text_or_none(r[7]),
-                float(r[8]) if isinstance(r[8], (int, float)) and r[8] > 0 else None,
+                float(r[8])
+                if isinstance(r[8], (int, float)) and 0 < r[8] <= MAX_INTERVAL
+                else None,
                 _text_or_none(r[9]),
             )
             for r in rows

@@ -26,6 +26,8 @@ DEC_RATE = 0.2
 
 DUE = "due"
 PARSE = "parse"
+#: The longest interval a row may hold (about 300 years): anything above is corrupt.
+MAX_INTERVAL = 1e10
 
 
 @dataclass(frozen=True)
@@ -111,10 +113,11 @@ def reopen_due(conn: Connection, job_id: int, rules: RecrawlRules, now: float) -
     for where, age in groups:
         if age <= 0:
             continue
+        # A stored interval that is not a sane number of seconds (NaN sorts above
+        # every number on PostgreSQL) is replaced by the domain's age.
+        sane = and_(c.recrawl_interval > 0, c.recrawl_interval <= MAX_INTERVAL)
         interval = (
-            case((c.recrawl_interval > 0, c.recrawl_interval), else_=age)
-            if rules.adaptive
-            else bindparam("age", age)
+            case((sane, c.recrawl_interval), else_=age) if rules.adaptive else bindparam("age", age)
         )
         due += conn.execute(
             update(requests)

@@ -183,7 +183,7 @@ class HtmlPages:
 
 
 class SmallPages:
-    """The test site's own pages (``site_config._render_page``), about 350 bytes."""
+    """The test site's own pages (``site_config._render_page``), about 290 bytes."""
 
     def __init__(self) -> None:
         from scrapy_reliability.testing.site_config import SiteConfig, _render_page
@@ -192,7 +192,8 @@ class SmallPages:
         self.render = _render_page
 
     def body(self, i: int) -> bytes:
-        return self.render(self.config, "127.0.0.2", i)
+        body: bytes = self.render(self.config, "127.0.0.2", i)
+        return body
 
 
 def response_headers(body: bytes) -> dict[str, str]:

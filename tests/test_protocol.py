@@ -265,3 +265,44 @@ def test_the_recording_frontier_sees_every_commit(core: Core) -> None:
         Commit(inserted=[f"{SITE}/p/0"], refused=[], settled=[], claimed=False),
         Commit(inserted=[], refused=[], settled=[(task, Outcome.DONE)], claimed=False),
     ]
+
+
+# -- idle: no claim that can find nothing ---------------------------------------------------
+
+
+def _claims(core: Core) -> int:
+    return core.frontier.claims_alone + sum(1 for c in core.frontier.commits if c.claimed)
+
+
+def test_new_rows_of_a_rate_held_domain_wait_for_its_bucket_others_claim_at_once(
+    tmp_path: Path, migrated: Path
+) -> None:
+    shutil.copy(migrated, tmp_path / "frontier.sqlite")
+    # One request per 2 s per domain, no burst: a claim finds one row, then nothing.
+    core = Core(tmp_path, RELIABILITY_DOMAIN_RATE=0.5, RELIABILITY_DOMAIN_BURST=1)
+    for i in range(3):
+        core.enqueue(f"{SITE}/p/{i}")
+    core.run()
+    first = core.next_request()
+    held = core.scheduler._claims
+    assert held.idle_until > core.clock.seconds() + 0.5  # the bucket holds the rest
+    core.download(first)
+    core.enqueue(f"{SITE}/p/9")  # a child of the same domain, with the ack
+    core.scraped(first)
+    before = _claims(core)
+    core.run(0.3)
+    for _ in range(5):
+        assert core.scheduler.next_request() is None
+        core.run(0.05)
+    # The write of the ack and the child landed; no claim was made for nothing.
+    assert core.frontier.commits[-1].inserted == [f"{SITE}/p/9"]
+    assert _claims(core) == before
+    # A row of another domain may start at once: claimed at once.
+    other = "http://127.0.0.3:8000/p/0"
+    core.enqueue(other)
+    core.run(0.1)
+    assert core.next_request().url == other
+    assert _claims(core) > before
+    # The held domain is claimed again when its bucket lets it.
+    core.run(2.5)
+    assert core.next_request().url.startswith(SITE)

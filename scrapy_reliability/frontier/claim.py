@@ -90,7 +90,9 @@ class Claimer:
             # not claim again at once only to find nothing (one statement here saves
             # a whole transaction).
             after = self._nothing_due(conn, job_id, worker_id, policy, now)
-            return ClaimResult(rows, after.next_due, after.leased_elsewhere, starts)
+            return ClaimResult(
+                rows, after.next_due, after.leased_elsewhere, starts, ready=after.ready
+            )
         return self._nothing_due(conn, job_id, worker_id, policy, now)
 
     def _nothing_due(
@@ -121,22 +123,27 @@ class Claimer:
         ).all()
         leased = sum(int(r.n) for r in found if r.state == LEASED)
         rows = [r for r in found if r.state == PENDING]
-        return ClaimResult([], self._next_start(conn, job_id, rows, policy, now), leased)
+        soonest, ready = self._next_start(conn, job_id, rows, policy, now)
+        return ClaimResult([], soonest, leased, ready=ready)
 
     def _next_start(
         self, conn: Connection, job_id: int, rows: Sequence[Any], policy: Politeness, now: float
-    ) -> float | None:
+    ) -> tuple[float | None, dict[str, float]]:
         """The earliest moment one of the pending ``rows`` (domain, earliest
-        not_before) may start, with its domain's pause and token bucket."""
+        not_before) may start, with its domain's pause and token bucket; and when
+        each domain's pause and bucket let one start (see ``ClaimResult.ready``)."""
         if not rows:
-            return None
+            return None, {}
         states = self._domains.read_states(conn, job_id, [r.domain for r in rows])
         soonest: float | None = None
+        ready: dict[str, float] = {}
         for row in rows:
-            start = float(row.due)
             state = states.get(row.domain)
+            domain_ready = 0.0
             if state is not None:
                 limits = policy.limits_for(row.domain)
-                start = max(start, state.paused_until, state.claimable_at(limits, policy, now))
+                domain_ready = max(state.paused_until, state.claimable_at(limits, policy, now))
+            ready[row.domain] = domain_ready
+            start = max(float(row.due), domain_ready)
             soonest = start if soonest is None else min(soonest, start)
-        return soonest
+        return soonest, ready

@@ -100,6 +100,10 @@ class ClaimResult:
     #: Rows of paced domains (see ``DomainState.try_take``): when each should start.
     #: The others start at once.
     starts: Mapping[int, float] = field(default_factory=dict)
+    #: With ``next_due``: each domain with pending rows, and the earliest moment its
+    #: pause and token bucket let a claim take one of its rows (whatever the rows'
+    #: own not_before). A new row of such a domain cannot start before then.
+    ready: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,9 @@ class ClaimBuffer:
         self._foreign_until = 0.0
         self._wake_call: Any = None
         self._held_call: Any = None
+        # From the last claim that found fewer rows than asked: when each domain with
+        # pending rows may start (ClaimResult.ready); None: unknown.
+        self._ready: dict[str, float] | None = None
 
     def pending(self) -> bool:
         """Rows buffered, a claim in flight, or rows that may be due."""
@@ -149,6 +152,7 @@ class ClaimBuffer:
         # The engine asks again: for the rows now buffered, or to find nothing (and
         # perhaps the spider idle).
         self.wake_engine()
+        self._ready = dict(result.ready) if result.next_due is not None else None
         if result.rows:
             self._poll_delay = _FIRST_POLL_SECONDS
             self.something_changed()
@@ -235,6 +239,32 @@ class ClaimBuffer:
         """New rows, rows back to pending, or leases freed: claim again at once."""
         self.idle_until = 0.0
         self.maybe_pending = True
+
+    def rows_changed(self, inserted: set[str], settled: set[str] | None, requeued: bool) -> None:
+        """A write of ours landed: rows of the domains ``inserted`` are new, leases of
+        ``settled`` ended (None: of domains unknown), ``requeued``: rows went back to
+        pending. Claim again at once when that may have made a row due. New rows and
+        freed leases of domains the last claim found held by their pause or token
+        bucket change nothing before the first of them may start: no claim until then
+        (a claim now would find nothing, at the cost of a transaction)."""
+        ready = self._ready
+        now = self.ctx.clock.seconds()
+        if (
+            ready is None
+            or requeued
+            or settled is None
+            or any(ready.get(d, 0.0) <= now for d in inserted)
+            # A leased domain whose bucket is ready was held by its concurrency cap.
+            or any(d in ready and ready[d] <= now for d in settled)
+        ):
+            self.something_changed()
+            return
+        if inserted:
+            self.maybe_pending = True
+            first = max(min(ready[d] for d in inserted), now)
+            if first < self.idle_until:
+                self.idle_until = first
+                self.wake_at(first)
 
     def wait_until(self, when: float) -> None:
         """No claim before ``when`` (a storage failure is being waited out)."""

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import DeadItem, Outcome, Transition
-from scrapy_reliability.frontier.recrawl import next_interval
+from scrapy_reliability.frontier.recrawl import Fetched, next_interval
 from scrapy_reliability.frontier.store import storable_text
 from scrapy_reliability.items import DeadLetter, export_to_dead_letter_feeds
 from scrapy_reliability.retry import ErrorClass, RetryPolicy
@@ -107,6 +107,7 @@ class Outcomes:
         error_class: str | None = None,
         attempts_inc: int = 0,
         slow_down: bool = False,
+        fetched: Fetched | None = None,
     ) -> None:
         self.leases.start_settling(lease)
         self.writes.transition(
@@ -121,6 +122,9 @@ class Outcomes:
                 domain=lease.domain if slow_down else None,
                 slow_down=slow_down,
                 claimed_at=lease.claimed_at if slow_down else None,
+                content_hash=fetched.content_hash if fetched else None,
+                content_ns=fetched.namespace if fetched else None,
+                recrawl_interval=fetched.interval if fetched else None,
             )
         )
 
@@ -167,24 +171,13 @@ class Outcomes:
         with the body's ``content_hash``: what the fetch found, and the row's next
         interval."""
         rules = self.ctx.config.recrawl
+        fetched = None
         if content_hash is not None and rules.on:
             previous = lease.content_hash
             changed = None if previous is None else previous != content_hash
-            self.leases.start_settling(lease)
-            self.writes.transition(
-                Transition(
-                    lease.task_id,
-                    lease.token,
-                    Outcome.DONE,
-                    content_hash=content_hash,
-                    content_ns=rules.namespace,
-                    recrawl_interval=next_interval(
-                        rules, lease.domain, lease.recrawl_interval, changed
-                    ),
-                )
-            )
-        else:
-            self._settle(lease, Outcome.DONE)
+            interval = next_interval(rules, lease.domain, lease.recrawl_interval, changed)
+            fetched = Fetched(lease.task_id, content_hash, rules.namespace, interval)
+        self._settle(lease, Outcome.DONE, fetched=fetched)
         crash_point("ack_buffered")
         successes = self.writes.batch.successes
         successes[lease.domain] = successes.get(lease.domain, 0) + 1

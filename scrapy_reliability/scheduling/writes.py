@@ -59,6 +59,10 @@ class Claims(Protocol):
 
     def something_changed(self) -> None: ...
 
+    def rows_changed(
+        self, inserted: set[str], settled: set[str] | None, requeued: bool
+    ) -> None: ...
+
 
 class WritePipeline:
     def __init__(
@@ -242,11 +246,18 @@ class WritePipeline:
         stats.inc_value("reliability/stored", inserted)
         transitions = {tr.task_id: tr for tr in batch.transitions}
         watched = settled.watched(self.ctx.crawler)
+        freed: set[str] | None = set()
+        requeued = False
         for task_id in result.settled:
             tr = transitions[task_id]
             self.leases.forget(task_id, tr.token)
             lease = self.leases.end_settling(task_id, tr.token)
             stats.inc_value(f"reliability/{settled.STAT_OF[tr.outcome]}")
+            requeued = requeued or tr.outcome in (Outcome.RESCHEDULE, Outcome.RELEASE)
+            if lease is None:
+                freed = None
+            elif freed is not None:
+                freed.add(lease.domain)
             if watched and lease is not None:
                 settled.send(self.ctx.crawler, lease, tr, self.ctx.worker_id)
         if result.lost:
@@ -259,7 +270,8 @@ class WritePipeline:
             report_adapted(self.ctx, result.adapted)
         if inserted or result.settled:
             # New rows, rows back to pending, or leases freed under a domain's cap.
-            self.claims.something_changed()
+            domains = {r.domain for r in batch.inserts if r.fingerprint in result.inserted}
+            self.claims.rows_changed(domains, freed, requeued)
 
     # -- a failed write -----------------------------------------------------------------------
 

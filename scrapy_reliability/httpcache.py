@@ -278,7 +278,16 @@ class HttpCacheStorage:
             return None
         try:
             entry = cache.unpack(row)
-        except cache.Damaged as exc:
+            headers = Headers(
+                [(k.encode("latin-1"), v.encode("latin-1")) for k, v in entry.headers]
+            )
+            cls = responsetypes.from_args(headers=headers, url=entry.response_url, body=entry.body)
+            response = cls(
+                url=entry.response_url, status=entry.status, headers=headers, body=entry.body
+            )
+        except (cache.Damaged, ValueError, TypeError, UnicodeError) as exc:
+            # A row that fails its checks, or that Scrapy cannot make a response of
+            # (a URL without a scheme, a header outside latin-1): a miss, never a page.
             self._inc("httpcache/corrupt")
             logger.warning(
                 "HTTP cache entry of %s is damaged (%s): deleted, fetching the page again",
@@ -288,15 +297,10 @@ class HttpCacheStorage:
             self._writer.delete(self._scope, key)
             return None
         now = time.time()
-        headers = Headers([(k.encode("latin-1"), v.encode("latin-1")) for k, v in entry.headers])
         ttl = self.options.ttl(_domain(request.url), content_type_of(headers))
         stale = ttl > 0 and now - entry.stored_at >= ttl
         if stale and not self.revalidates:
             return None
-        cls = responsetypes.from_args(headers=headers, url=entry.response_url, body=entry.body)
-        response = cls(
-            url=entry.response_url, status=entry.status, headers=headers, body=entry.body
-        )
         if stale:
             response.flags.append(STALE)
             self._inc("httpcache/stale")

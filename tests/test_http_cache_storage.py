@@ -106,18 +106,21 @@ def test_a_damaged_row_is_a_miss_and_is_deleted(
     _flush(storage)
     engine = create_engine(url)
     damages = [
-        lambda b: b[: len(b) // 2],  # truncated
-        lambda b: gzip.compress(b"<html>another page</html>"),  # another body, valid gzip
-        lambda b: b"not gzip at all",
+        ("body", lambda b: b[: len(b) // 2]),  # truncated
+        ("body", lambda b: gzip.compress(b"<html>another page</html>")),  # another body
+        ("body", lambda b: b"not gzip at all"),
+        ("response_url", lambda u: "no scheme/p/2"),  # no response can be made of it
     ]
-    for damage in damages:
+    for column, damage in damages:
         storage.store_response(
             spider, request, Response(request.url, body=b"<html>whole page</html>" * 50)
         )
         _flush(storage)
         with engine.begin() as conn:
-            body = conn.execute(text("SELECT body FROM reliability_http_cache")).scalar_one()
-            conn.execute(text("UPDATE reliability_http_cache SET body = :b"), {"b": damage(body)})
+            value = conn.execute(text(f"SELECT {column} FROM reliability_http_cache")).scalar_one()
+            conn.execute(
+                text(f"UPDATE reliability_http_cache SET {column} = :v"), {"v": damage(value)}
+            )
         assert storage.retrieve_response(spider, request) is None
         _flush(storage)
         with engine.connect() as conn:

@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy import (
     Connection,
@@ -120,8 +121,8 @@ def unpack(row: Sequence[Any]) -> Entry:
         raise Damaged("headers are not a list of [name, value] pairs")
     if not isinstance(status, int) or not 100 <= status <= 999:
         raise Damaged(f"status {status!r} is not an HTTP status")
-    if not isinstance(url, str) or not isinstance(response_url, str):
-        raise Damaged("URL is not text")
+    if not _absolute(url) or not _absolute(response_url):
+        raise Damaged("URL is not an absolute URL")
     if not isinstance(stored_at, (int, float)) or not math.isfinite(stored_at):
         raise Damaged("stored_at is not a time")
     return Entry(
@@ -133,6 +134,16 @@ def unpack(row: Sequence[Any]) -> Entry:
         namespace=str(namespace),
         stored_at=float(stored_at),
     )
+
+
+def _absolute(url: Any) -> bool:
+    if not isinstance(url, str):
+        return False
+    try:
+        split = urlsplit(url)
+    except ValueError:
+        return False
+    return bool(split.scheme and split.netloc)
 
 
 READ_COLUMNS = (

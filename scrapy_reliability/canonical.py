@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from w3lib.url import canonicalize_url, url_query_cleaner
@@ -113,14 +113,35 @@ def _names(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted({v.strip().lower() for v in values}))
 
 
-def _matches(name: str, patterns: tuple[str, ...]) -> bool:
-    for pattern in patterns:
-        if pattern.endswith("*"):
-            if name.startswith(pattern[:-1]):
-                return True
-        elif name == pattern:
-            return True
-    return False
+class _Names:
+    """Parameter names and ``prefix*`` patterns, compiled: a set lookup and one
+    ``startswith`` instead of a loop over the patterns for every parameter."""
+
+    __slots__ = ("exact", "prefixes")
+    _cache: ClassVar[dict[tuple[str, ...], _Names]] = {}
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        self.exact = frozenset(p for p in patterns if not p.endswith("*"))
+        self.prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.exact or bool(self.prefixes and name.startswith(self.prefixes))
+
+    @classmethod
+    def of(cls, patterns: tuple[str, ...]) -> _Names:
+        found = cls._cache.get(patterns)
+        if found is None:
+            if len(cls._cache) > 256:  # policies are few; never grows without bound
+                cls._cache.clear()
+            found = cls._cache[patterns] = cls(patterns)
+        return found
+
+
+def _param_names(query: str) -> set[str]:
+    """The parameter names of ``query``, as ``parse_qsl`` reads them."""
+    if "%" in query or "+" in query:
+        return {name for name, _ in parse_qsl(query, keep_blank_values=True)}
+    return {part.partition("=")[0] for part in query.split("&") if part}
 
 
 @dataclass(frozen=True)
@@ -174,17 +195,20 @@ class CanonicalPolicy:
         """The canonical form of ``url``; ValueError for what w3lib cannot parse."""
         canonical = str(canonicalize_url(url))
         split = urlsplit(canonical)
-        host = split.hostname or ""
-        rule = self.rule_for(host)
-        canonical = self._drop_params(canonical, split.query, rule)
-        split = urlsplit(canonical)
+        rule = self.rule_for(split.hostname or "") if self.domains else None
+        if split.query:
+            dropped = self._drop_params(canonical, split.query, rule)
+            if dropped is not canonical:
+                canonical = dropped
+                split = urlsplit(canonical)
         netloc = split.netloc
-        try:
-            port = split.port
-        except ValueError:  # not a port number: leave the URL as w3lib wrote it
-            port = None
-        if port is not None and _DEFAULT_PORTS.get(split.scheme) == port:
-            netloc = netloc[: netloc.rfind(":")]
+        if ":" in netloc:  # a port (or a password, an IPv6 address)
+            try:
+                port = split.port
+            except ValueError:  # not a port number: leave the URL as w3lib wrote it
+                port = None
+            if port is not None and _DEFAULT_PORTS.get(split.scheme) == port:
+                netloc = netloc[: netloc.rfind(":")]
         path = split.path
         slash = rule.trailing_slash if rule is not None else "keep"
         if slash == "strip" and len(path) > 1 and path.endswith("/"):
@@ -199,9 +223,9 @@ class CanonicalPolicy:
         drop, keep = self.drop_params, self.keep_params
         if rule is not None:
             drop, keep = drop + rule.drop_params, keep + rule.keep_params
-        names = {name for name, _ in parse_qsl(query, keep_blank_values=True)}
+        dropped, kept = _Names.of(drop), _Names.of(keep)
         gone = sorted(
-            n for n in names if _matches(n.lower(), drop) and not _matches(n.lower(), keep)
+            n for n in _param_names(query) if n.lower() in dropped and n.lower() not in kept
         )
         if not gone:
             return url

@@ -39,6 +39,9 @@ from scrapy_reliability.settings_values import (
     positive_int,
 )
 
+#: RELIABILITY_WRITE_LINGER at most: what a kill -9 fetches again grows with it.
+MAX_LINGER = 5.0
+
 # With SettingError and limits_text, which the package imports from here.
 __all__ = [
     "ORDERS",
@@ -180,6 +183,10 @@ class Config:
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 10.0
     claim_batch: int = 16
+    #: A write that nothing waits for (acks while the worker holds requests to send)
+    #: waits up to this long for more, or for the next claim to carry it: one
+    #: transaction for many pages at a polite pace. 0: write at once.
+    write_linger: float = 0.5
     order: str = "bfs"
     auto_migrate: bool = False
     sqlite_busy_timeout: float = 30.0
@@ -247,6 +254,9 @@ class Config:
             heartbeat_seconds=heartbeat,
             claim_batch=positive_int(
                 settings, "RELIABILITY_CLAIM_BATCH", cls.claim_batch, maximum=MAX_CLAIM_BATCH
+            ),
+            write_linger=nonnegative_float(
+                settings, "RELIABILITY_WRITE_LINGER", cls.write_linger, maximum=MAX_LINGER
             ),
             order=order.strip().lower(),
             auto_migrate=_bool(settings, "RELIABILITY_AUTO_MIGRATE", cls.auto_migrate),

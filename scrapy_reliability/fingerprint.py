@@ -9,7 +9,7 @@ the request is sent to the URL the spider gave.
 from __future__ import annotations
 
 import hashlib
-import json
+from json.encoder import encode_basestring_ascii as _string
 from typing import TYPE_CHECKING, Any, Protocol
 from weakref import WeakKeyDictionary
 
@@ -64,16 +64,20 @@ class CanonicalFingerprinter:
             url = request.url
         else:
             url = self.policy.canonical_url(request.url)
-        data = {
-            "method": to_unicode(request.method),
-            "url": url,
-            "body": (request.body or b"").hex(),
-            "headers": {},
-        }
-        text = json.dumps(data, sort_keys=True)
+        text = fingerprint_text(to_unicode(request.method), url, (request.body or b"").hex())
         digest = hashlib.sha1(text.encode(), usedforsecurity=False).digest()
         self._cache[request] = digest
         return digest
+
+
+def fingerprint_text(method: str, url: str, body_hex: str) -> str:
+    """What Scrapy's fingerprinter hashes: ``json.dumps({"method": ..., "url": ...,
+    "body": ..., "headers": {}}, sort_keys=True)``, built without encoding a dict
+    (the same text, character for character)."""
+    return (
+        f'{{"body": {_string(body_hex)}, "headers": {{}}, '
+        f'"method": {_string(method)}, "url": {_string(url)}}}'
+    )
 
 
 def class_path(obj: Any) -> str:

@@ -111,6 +111,7 @@ class Scheduler(BaseScheduler):
             bury_unbuildable=self._outcomes.bury_unbuildable,
         )
         self._writes.claims = self._claims
+        self._writes.urgent_transitions = max(1, self.max_in_flight // 2)
         crawler.signals.connect(self._outcomes.record_item_failure, signal=signals.item_error)
         self._session = Session(
             ctx,

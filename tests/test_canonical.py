@@ -3,6 +3,8 @@ CanonicalFingerprinter: unit and property tests, no crawl."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -251,3 +253,90 @@ def test_the_addon_sets_it_at_addon_priority() -> None:
     own.set("REQUEST_FINGERPRINTER_CLASS", SCRAPY_FINGERPRINTER, "project")
     Addon(cast(Any, None)).update_settings(own)
     assert own["REQUEST_FINGERPRINTER_CLASS"] == SCRAPY_FINGERPRINTER
+
+
+def _reference_canonical_url(policy: CanonicalPolicy, url: str) -> str:
+    """``canonical_url`` as first written (stored keys depend on it): every step
+    taken for every URL."""
+    from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+    from w3lib.url import canonicalize_url, url_query_cleaner
+
+    def matches(name: str, patterns: tuple[str, ...]) -> bool:
+        return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
+
+    canonical = str(canonicalize_url(url))
+    split = urlsplit(canonical)
+    rule = policy.rule_for(split.hostname or "")
+    if split.query:
+        drop, keep = policy.drop_params, policy.keep_params
+        if rule is not None:
+            drop, keep = drop + rule.drop_params, keep + rule.keep_params
+        names = {name for name, _ in parse_qsl(split.query, keep_blank_values=True)}
+        gone = sorted(n for n in names if matches(n.lower(), drop) and not matches(n.lower(), keep))
+        if gone:
+            canonical = str(url_query_cleaner(canonical, gone, remove=True, unique=False))
+    split = urlsplit(canonical)
+    netloc = split.netloc
+    try:
+        port = split.port
+    except ValueError:
+        port = None
+    if port is not None and {"http": 80, "https": 443}.get(split.scheme) == port:
+        netloc = netloc[: netloc.rfind(":")]
+    path = split.path
+    slash = rule.trailing_slash if rule is not None else "keep"
+    if slash == "strip" and len(path) > 1 and path.endswith("/"):
+        path = path.rstrip("/") or "/"
+    elif slash == "add" and not path.endswith("/"):
+        path += "/"
+    return urlunsplit((split.scheme, netloc, path, split.query, ""))
+
+
+_odd_query = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["utm_source", "UTM_x", "utm%5Fsource", "fb+clid", "", "a b", "gclid", "x"]
+        ),
+        st.sampled_from(["", "=", "=1", "=a+b", "=%20", "=%3D"]),
+    ),
+    max_size=5,
+).map(lambda parts: "&".join(k + v for k, v in parts))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    urls(),
+    _odd_query,
+    st.sampled_from(["", ":80", ":8080", ":x", "user:pw@"]),
+    st.sampled_from([*_POLICIES, CanonicalPolicy(drop_params=("a b", "a/b"), keep_params=("x*",))]),
+)
+def test_the_fast_paths_give_the_keys_of_every_step_taken(
+    url: str, query: str, netloc_part: str, policy: CanonicalPolicy
+) -> None:
+    """Skipping steps that change nothing (no query, no port) gives exactly the key
+    that taking every step gives: stored keys stay valid."""
+    scheme, rest = url.split("://", 1)
+    if netloc_part.endswith("@"):
+        rest = netloc_part + rest
+    else:
+        host, _, tail = rest.partition("/")
+        rest = host.split(":")[0] + netloc_part + "/" + tail
+    candidates = [f"{scheme}://{rest}", f"{scheme}://{rest.split('?')[0].split('#')[0]}?{query}"]
+    for candidate in candidates:
+        try:
+            expected = _reference_canonical_url(policy, candidate)
+        except ValueError:
+            with pytest.raises(ValueError):
+                policy.canonical_url(candidate)
+            continue
+        assert policy.canonical_url(candidate) == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(), st.text(), st.binary(max_size=20))
+def test_the_fingerprint_text_is_what_json_dumps_writes(method: str, url: str, body: bytes) -> None:
+    from scrapy_reliability.fingerprint import fingerprint_text
+
+    data = {"method": method, "url": url, "body": body.hex(), "headers": {}}
+    assert fingerprint_text(method, url, body.hex()) == json.dumps(data, sort_keys=True)

@@ -332,6 +332,7 @@ def test_refusals_write_nothing_to_the_target(tmp_path: Path) -> None:
 # -- acceptance ---------------------------------------------------------------------------------
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_killed_on_sqlite_moved_to_postgres_finished_by_two_workers(

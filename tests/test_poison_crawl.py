@@ -344,6 +344,7 @@ def test_a_full_disk_stops_the_crawl_with_one_line_and_the_restart_resumes(
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+@pytest.mark.long
 def test_a_deleted_sqlite_file_stops_the_crawl_and_is_never_recreated(tmp_path: Path) -> None:
     """The SQLite file removed mid-crawl: the crawl stops within seconds with one
     line naming the file, no empty file appears in its place; with the file put

@@ -3,6 +3,7 @@ request timestamps, with one worker and with two sharing one Postgres."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -108,6 +109,8 @@ def test_token_bucket_and_concurrency_cap_at_claim(frontier_url: str):
             job, "w", 20, lease_seconds=30, politeness=capped_policy, now=now + 10
         )
         assert capped.rows == []
+        # Held by its cap, not its bucket: only a lease ending makes a row due.
+        assert capped.next_due == capped.ready["a.test"] == float("inf")
         frontier.write(
             job,
             WriteBatch(transitions=[Transition(r.id, r.token, Outcome.DONE) for r in first.rows]),
@@ -186,6 +189,33 @@ def test_rate_5_per_second_burst_1_with_one_worker(tmp_path: Path):
     worst = {host: max_per_window(times) for host, times in per_host_times(log).items()}
     print(f"max requests per host in any 1 s window (rate 5/s, burst 1): {worst}")
     assert max(worst.values()) <= 6
+
+
+def test_a_polite_crawl_costs_few_database_round_trips_per_page(tmp_path: Path):
+    """At 4 requests/s per domain (burst 4, 4 at once) a worker neither polls nor
+    writes a transaction per page: acks linger for the next claim to carry them, and
+    a claim comes when the requests held for their tokens' times run low."""
+    config = SiteConfig(pages=40, latency_ms=20)
+    with SiteProcess(config) as site:
+        items = tmp_path / "items.jsonl"
+        crawl = Crawl(
+            make_project(tmp_path),
+            site.start_urls(),
+            f"JOBDIR={tmp_path / 'job'}",
+            f"ITEMS_PATH={items}",
+            "RELIABILITY_DOMAIN_RATE=4",
+            "RELIABILITY_DOMAIN_BURST=4",
+            "RELIABILITY_DOMAIN_CONCURRENCY=4",
+        )
+        assert crawl.run() == 0, crawl.log()[-2000:]
+    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(40)}
+    log = crawl.log()
+    trips = re.search(r"'reliability/db/round_trips': (\d+)", log)
+    pages = re.search(r"'response_received_count': (\d+)", log)
+    assert trips and pages, log[-2000:]
+    per_page = int(trips[1]) / int(pages[1])
+    print(f"database round trips per page at the polite defaults: {per_page:.2f}")
+    assert per_page <= 4
 
 
 @pytest.mark.slow

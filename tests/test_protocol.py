@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from scrapy_reliability.frontier import Frontier, Outcome, schema
+from scrapy_reliability.scheduling.meta import RETRY_META
 from tests.protocol import Commit, Core, Fault, refused_value, storage_failure
 
 SITE = "http://127.0.0.2:8000"
@@ -306,3 +307,113 @@ def test_new_rows_of_a_rate_held_domain_wait_for_its_bucket_others_claim_at_once
     # The held domain is claimed again when its bucket lets it.
     core.run(2.5)
     assert core.next_request().url.startswith(SITE)
+
+
+def _settled_commits(core: Core) -> list[Commit]:
+    return [c for c in core.frontier.commits if c.settled]
+
+
+def test_an_ack_nothing_waits_for_lingers_then_one_write_carries_several(
+    tmp_path: Path, migrated: Path
+) -> None:
+    shutil.copy(migrated, tmp_path / "frontier.sqlite")
+    core = Core(tmp_path, RELIABILITY_WRITE_LINGER=0.5)
+    for i in range(6):
+        core.enqueue(f"{SITE}/p/{i}")
+    core.run()
+    first, second = core.next_request(), core.next_request()
+    assert core.scheduler._claims.ready  # the worker holds requests for the engine
+    for request in (first, second):
+        core.download(request)
+        core.scraped(request)
+    core.run(0.3)
+    assert _settled_commits(core) == []  # both acks wait for more
+    core.run(0.3)
+    written = _settled_commits(core)
+    assert len(written) == 1 and len(written[0].settled) == 2  # one transaction, both acks
+
+
+def test_an_ack_is_written_at_once_when_the_worker_holds_nothing_or_linger_is_off(
+    tmp_path: Path, migrated: Path
+) -> None:
+    shutil.copy(migrated, tmp_path / "frontier.sqlite")
+    core = Core(tmp_path, RELIABILITY_WRITE_LINGER=0.5)
+    core.enqueue(f"{SITE}/p/0")
+    core.run()
+    only = core.next_request()
+    assert not core.scheduler._claims.ready
+    core.download(only)
+    core.enqueue(f"{SITE}/p/1")  # its child: perhaps the next thing the engine gets
+    core.scraped(only)
+    core.run()
+    assert len(_settled_commits(core)) == 1
+    (tmp_path / "off").mkdir()
+    shutil.copy(migrated, tmp_path / "off" / "frontier.sqlite")
+    off = Core(tmp_path / "off", RELIABILITY_WRITE_LINGER=0)
+    for i in range(3):
+        off.enqueue(f"{SITE}/p/{i}")
+    off.run()
+    request = off.next_request()
+    assert off.scheduler._claims.ready
+    off.download(request)
+    off.scraped(request)
+    off.run()
+    assert len(_settled_commits(off)) == 1
+
+
+def test_a_throttled_retry_that_pauses_its_domain_is_written_at_once(
+    tmp_path: Path, migrated: Path
+) -> None:
+    shutil.copy(migrated, tmp_path / "frontier.sqlite")
+    core = Core(tmp_path, RELIABILITY_WRITE_LINGER=2)
+    for i in range(3):
+        core.enqueue(f"{SITE}/p/{i}")
+    core.run()
+    request = core.next_request()
+    assert core.scheduler._claims.ready
+    retry = core.retry(request, not_before=core.clock.seconds() + 30)
+    retry.meta[RETRY_META] = {**retry.meta[RETRY_META], "pause_until": core.clock.seconds() + 30}
+    assert core.scheduler.enqueue_request(retry)
+    core.run()
+    assert [outcome for c in core.frontier.commits for _, outcome in c.settled] == [
+        Outcome.RESCHEDULE
+    ]
+
+
+def test_freed_leases_of_a_domain_whose_next_requests_are_held_do_not_claim_at_once(
+    tmp_path: Path, migrated: Path
+) -> None:
+    shutil.copy(migrated, tmp_path / "frontier.sqlite")
+    # 4 requests/s, no burst, at most 4 at once: a claim takes the next second's four
+    # tokens and the domain is at its cap; each ack frees one lease.
+    core = Core(
+        tmp_path,
+        RELIABILITY_DOMAIN_RATE=4,
+        RELIABILITY_DOMAIN_BURST=1,
+        RELIABILITY_DOMAIN_CONCURRENCY=4,
+        RELIABILITY_WRITE_LINGER=0,
+    )
+    for i in range(12):
+        core.enqueue(f"{SITE}/p/{i}")
+    core.run()
+    first = core.next_request()
+    claims = core.scheduler._claims
+    assert len(claims.ready) == 3  # held for their tokens' times, up to a second ahead
+    assert claims.idle_until == float("inf")  # capped: only a lease ending changes that
+    before = _claims(core)
+    core.download(first)
+    core.scraped(first)
+    core.run(0.02)
+    assert _settled_commits(core)  # the ack is written...
+    assert _claims(core) == before  # ...and claims nothing: three requests are held
+    held_until = max(core.scheduler._leases.of(r).send_at for r in claims.ready)
+    assert claims.idle_until == pytest.approx(held_until - 0.5)
+    # When the held requests run low, one claim takes the freed token's row.
+    second = core.next_request()
+    core.download(second)
+    core.scraped(second)
+    core.run(max(0.0, held_until - 0.5 - core.clock.seconds()) + 0.05)
+    for _ in range(3):
+        core.scheduler.next_request()
+        core.run(0.01)
+    assert _claims(core) == before + 1

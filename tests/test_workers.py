@@ -31,6 +31,7 @@ def worker(project: Path, site: SiteProcess, n: int, db_url: str, items: Path) -
     return crawl
 
 
+@pytest.mark.long
 @pytest.mark.postgres
 def test_four_workers_three_killed_and_replaced(tmp_path: Path, postgres_url: str):
     """Acceptance: 4 workers on one Postgres, 3 x 500 pages, 3 random workers

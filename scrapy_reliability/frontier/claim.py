@@ -3,12 +3,13 @@ the next one may start."""
 
 from __future__ import annotations
 
+import math
 import random
 import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, or_, select
+from sqlalchemy import Connection, case, func, select
 
 from scrapy_reliability.frontier.domains import DomainRows
 from scrapy_reliability.frontier.hotsql import HotSql
@@ -89,14 +90,21 @@ class Claimer:
             # Fewer than asked: say when the next may start, so that the worker does
             # not claim again at once only to find nothing (one statement here saves
             # a whole transaction).
-            after = self._nothing_due(conn, job_id, worker_id, policy, now)
+            after = self._nothing_due(conn, job_id, worker_id, policy=policy, now=now, known=states)
             return ClaimResult(
                 rows, after.next_due, after.leased_elsewhere, starts, ready=after.ready
             )
-        return self._nothing_due(conn, job_id, worker_id, policy, now)
+        return self._nothing_due(conn, job_id, worker_id, policy=policy, now=now, known=states)
 
     def _nothing_due(
-        self, conn: Connection, job_id: int, worker_id: str, policy: Politeness, now: float
+        self,
+        conn: Connection,
+        job_id: int,
+        worker_id: str,
+        *,
+        policy: Politeness,
+        now: float,
+        known: dict[str, DomainState],
     ) -> ClaimResult:
         """When nothing may start now: the earliest moment a pending row may (its
         not_before, its domain's pause and token bucket; None when no row is
@@ -105,43 +113,62 @@ class Claimer:
         One statement, so one snapshot: on PostgreSQL (READ COMMITTED) two would
         each see their own, and a row another worker hands back (leased, then
         pending) between them would be in neither, ending this worker early."""
+        mine = case((requests.c.worker_id == worker_id, 1), else_=0).label("mine")
         found = conn.execute(
             select(
                 requests.c.state,
                 requests.c.domain,
+                mine,
                 func.min(requests.c.not_before).label("due"),
                 func.count().label("n"),
             )
-            .where(
-                requests.c.job_id == job_id,
-                or_(
-                    requests.c.state == PENDING,
-                    and_(requests.c.state == LEASED, requests.c.worker_id != worker_id),
-                ),
-            )
-            .group_by(requests.c.state, requests.c.domain)
+            .where(requests.c.job_id == job_id, requests.c.state.in_((PENDING, LEASED)))
+            .group_by(requests.c.state, requests.c.domain, mine)
         ).all()
-        leased = sum(int(r.n) for r in found if r.state == LEASED)
+        leased_by_domain: dict[str, int] = {}
+        for r in found:
+            if r.state == LEASED:
+                leased_by_domain[r.domain] = leased_by_domain.get(r.domain, 0) + int(r.n)
+        elsewhere = sum(int(r.n) for r in found if r.state == LEASED and not r.mine)
         rows = [r for r in found if r.state == PENDING]
-        soonest, ready = self._next_start(conn, job_id, rows, policy, now)
-        return ClaimResult([], soonest, leased, ready=ready)
+        soonest, ready = self._next_start(
+            conn, job_id, rows, leased_by_domain, policy=policy, now=now, known=known
+        )
+        return ClaimResult([], soonest, elsewhere, ready=ready)
 
     def _next_start(
-        self, conn: Connection, job_id: int, rows: Sequence[Any], policy: Politeness, now: float
+        self,
+        conn: Connection,
+        job_id: int,
+        rows: Sequence[Any],
+        leased: dict[str, int],
+        *,
+        policy: Politeness,
+        now: float,
+        known: dict[str, DomainState],
     ) -> tuple[float | None, dict[str, float]]:
         """The earliest moment one of the pending ``rows`` (domain, earliest
-        not_before) may start, with its domain's pause and token bucket; and when
-        each domain's pause and bucket let one start (see ``ClaimResult.ready``)."""
+        not_before) may start, with its domain's pause, token bucket and concurrency
+        cap; and when each domain's pause and bucket let one start (see
+        ``ClaimResult.ready``: infinity for a domain at its cap, which only a lease
+        ending can change). Infinity when every pending row waits for a lease to end."""
         if not rows:
             return None, {}
-        states = self._domains.read_states(conn, job_id, [r.domain for r in rows])
+        # The domains this claim locked are read already (and updated in this
+        # transaction): only the others are read.
+        states = dict(known)
+        others = [r.domain for r in rows if r.domain not in known]
+        if others:
+            states.update(self._domains.read_states(conn, job_id, others))
         soonest: float | None = None
         ready: dict[str, float] = {}
         for row in rows:
             state = states.get(row.domain)
+            limits = policy.limits_for(row.domain)
             domain_ready = 0.0
-            if state is not None:
-                limits = policy.limits_for(row.domain)
+            if limits.concurrency and leased.get(row.domain, 0) >= limits.concurrency:
+                domain_ready = math.inf
+            elif state is not None:
                 domain_ready = max(state.paused_until, state.claimable_at(limits, policy, now))
             ready[row.domain] = domain_ready
             start = max(float(row.due), domain_ready)

@@ -69,10 +69,14 @@ class Connections:
         self._held_lock = threading.Lock()
         #: Database calls made through this frontier: statements (an executemany
         #: sent in batches counts each batch), BEGINs and COMMITs/ROLLBACKs. On
-        #: PostgreSQL each is a network round trip.
+        #: PostgreSQL each is a network round trip. (SQLite's BEGIN is a statement
+        #: of ours, counted as such: its "begin" event sends nothing.)
         self.round_trips = 0
         event.listen(engine, "before_cursor_execute", self._count_round_trip)
-        for name in ("begin", "commit", "rollback"):
+        names = (
+            ("commit", "rollback") if dialect.is_sqlite(engine) else ("begin", "commit", "rollback")
+        )
+        for name in names:
             event.listen(engine, name, self._count_round_trip)
         # SQLite: the file this frontier opened, by identity. A file deleted or
         # replaced mid-job must stop the crawl, never be re-created empty by the

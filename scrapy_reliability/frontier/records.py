@@ -93,7 +93,9 @@ class ClaimResult:
     rows: list[Claimed]
     #: When fewer rows than asked were due: the earliest moment one of the job's
     #: pending rows may be claimed (its ``not_before``, its domain's pause and token
-    #: bucket); None when none is pending, or when as many rows as asked came.
+    #: bucket); infinity when every pending row's domain is at its concurrency cap
+    #: (only a lease ending changes that); None when none is pending, or when as
+    #: many rows as asked came.
     next_due: float | None = None
     #: When fewer rows than asked were due: how many rows other workers hold leased.
     leased_elsewhere: int = 0
@@ -102,7 +104,8 @@ class ClaimResult:
     starts: Mapping[int, float] = field(default_factory=dict)
     #: With ``next_due``: each domain with pending rows, and the earliest moment its
     #: pause and token bucket let a claim take one of its rows (whatever the rows'
-    #: own not_before). A new row of such a domain cannot start before then.
+    #: own not_before); infinity while the domain is at its concurrency cap. A new
+    #: row of such a domain cannot start before then.
     ready: Mapping[str, float] = field(default_factory=dict)
 
 

@@ -16,6 +16,8 @@ from scrapy_reliability.frontier.errors import first_line
 WRITE_RETRY_SECONDS = 1.0
 #: Buffered new requests at most before enqueue_request waits for the database.
 MAX_BUFFERED = 2000
+#: Buffered new requests that end a write's linger: more per transaction gains little.
+LINGER_ROWS = 64
 #: This many changes refused one after the other, each alone, with no write in
 #: between: the database refuses everything, not one value; the crawl stops.
 SYSTEMATIC_FAILURES = 25

@@ -20,6 +20,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import Claimed, ClaimResult, ClaimSpec
+from scrapy_reliability.frontier.politeness import PACE_AHEAD
 from scrapy_reliability.frontier.recrawl import DUE, PARSE
 from scrapy_reliability.scheduling import engine
 from scrapy_reliability.scheduling.batches import WRITE_RETRY_SECONDS
@@ -36,6 +37,9 @@ logger = logging.getLogger("scrapy_reliability.scheduler")
 # doubling up to _POLL_SECONDS while nothing turns up.
 _FIRST_POLL_SECONDS = 0.05
 _POLL_SECONDS = 0.5
+#: A domain whose buffered requests wait for their tokens' times is claimed again
+#: when the last of them starts within this long (half of what a claim takes ahead).
+REFILL_AHEAD = PACE_AHEAD / 2
 
 
 class ClaimBuffer:
@@ -159,8 +163,7 @@ class ClaimBuffer:
             if result.next_due is not None:
                 # Fewer rows than asked: nothing more may start before then (unless
                 # a write changes that).
-                self.idle_until = max(result.next_due, self.ctx.clock.seconds() + 0.05)
-                self.wake_at(self.idle_until)
+                self._wait_for(result.next_due, result.leased_elsewhere)
             self.ctx.stats.inc_value("reliability/claimed", len(result.rows))
             handed = sum(self._rebuild(row, result.starts.get(row.id, 0.0)) for row in result.rows)
             crash_point("claimed")
@@ -173,22 +176,37 @@ class ClaimBuffer:
             else:
                 self._foreign_backoff = 0.0
             return
-        now = self.ctx.clock.seconds()
         if result.next_due is not None:
-            self.maybe_pending = True
-            self.idle_until = max(result.next_due, now + 0.05)
-            self.wake_at(self.idle_until)
+            self._wait_for(result.next_due, result.leased_elsewhere)
         elif result.leased_elsewhere:
             # Other workers hold leases: their pages may yield new requests any time.
-            # Look again soon, then less and less often while nothing turns up.
-            self.maybe_pending = True
-            self.idle_until = now + self._poll_delay
-            self._poll_delay = min(self._poll_delay * 2, _POLL_SECONDS)
-            self.wake_at(self.idle_until)
+            self._poll()
         else:
             # Nothing pending anywhere: only a write of ours can change that.
             self.maybe_pending = False
             self.idle_until = math.inf
+
+    def _wait_for(self, next_due: float, leased_elsewhere: int) -> None:
+        """Nothing pending may start before ``next_due`` unless a write changes that:
+        no claim until then. Infinity: every pending row's domain is at its
+        concurrency cap; a lease of ours ending is a write of ours (it wakes the
+        claim), one of another worker's is not (look again now and then)."""
+        self.maybe_pending = True
+        if math.isinf(next_due):
+            if leased_elsewhere:
+                self._poll()
+            else:
+                self.idle_until = math.inf
+            return
+        self.idle_until = max(next_due, self.ctx.clock.seconds() + 0.05)
+        self.wake_at(self.idle_until)
+
+    def _poll(self) -> None:
+        """Look again soon, then less and less often while nothing turns up."""
+        self.maybe_pending = True
+        self.idle_until = self.ctx.clock.seconds() + self._poll_delay
+        self._poll_delay = min(self._poll_delay * 2, _POLL_SECONDS)
+        self.wake_at(self.idle_until)
 
     def _rebuild(self, row: Claimed, send_at: float = 0.0) -> bool:
         """Rebuild a claimed row into a request in the ready buffer (to start at
@@ -243,28 +261,49 @@ class ClaimBuffer:
     def rows_changed(self, inserted: set[str], settled: set[str] | None, requeued: bool) -> None:
         """A write of ours landed: rows of the domains ``inserted`` are new, leases of
         ``settled`` ended (None: of domains unknown), ``requeued``: rows went back to
-        pending. Claim again at once when that may have made a row due. New rows and
-        freed leases of domains the last claim found held by their pause or token
-        bucket change nothing before the first of them may start: no claim until then
-        (a claim now would find nothing, at the cost of a transaction)."""
+        pending. Claim again when that may have made a row due:
+
+        * new rows and freed leases of domains the last claim found held by their
+          pause or token bucket change nothing before the first of them may start;
+        * a domain at its concurrency cap (``ready`` infinite) is not claimable for
+          its new rows, but is once one of its leases ends;
+        * a domain whose requests this worker already holds, waiting for their
+          tokens' times, needs no claim before those run low (``REFILL_AHEAD``
+          before the last one starts): a claim then takes the tokens of the next
+          second for every domain at once, instead of one transaction per page.
+
+        A claim that would find nothing costs a transaction."""
         ready = self._ready
         now = self.ctx.clock.seconds()
-        if (
-            ready is None
-            or requeued
-            or settled is None
-            or any(ready.get(d, 0.0) <= now for d in inserted)
-            # A leased domain whose bucket is ready was held by its concurrency cap.
-            or any(d in ready and ready[d] <= now for d in settled)
-        ):
+        if ready is None or requeued or settled is None:
             self.something_changed()
             return
-        if inserted:
+        due = {d for d in inserted if ready.get(d, 0.0) <= now}
+        due |= {d for d in settled if d in ready and (ready[d] <= now or math.isinf(ready[d]))}
+        later = [ready[d] for d in inserted if d not in due and not math.isinf(ready[d])]
+        if due:
+            held = self._held_until()
+            refill = min(held.get(d, 0.0) for d in due) - REFILL_AHEAD
+            if refill <= now:
+                self.something_changed()
+                return
+            later.append(refill)
+        if later:
             self.maybe_pending = True
-            first = max(min(ready[d] for d in inserted), now)
+            first = max(min(later), now)
             if first < self.idle_until:
                 self.idle_until = first
                 self.wake_at(first)
+
+    def _held_until(self) -> dict[str, float]:
+        """By domain: when the last of this worker's buffered requests waiting for
+        their token's time starts."""
+        held: dict[str, float] = {}
+        for request in self.ready:
+            lease = self.leases.of(request)
+            if lease is not None and lease.send_at > held.get(lease.domain, 0.0):
+                held[lease.domain] = lease.send_at
+        return held
 
     def wait_until(self, when: float) -> None:
         """No claim before ``when`` (a storage failure is being waited out)."""

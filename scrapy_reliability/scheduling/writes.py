@@ -31,7 +31,7 @@ from scrapy_reliability.frontier import (
 )
 from scrapy_reliability.frontier.store import is_storage_failure, storable_text
 from scrapy_reliability.scheduling import refusals, settled
-from scrapy_reliability.scheduling.batches import MAX_BUFFERED, halves, units
+from scrapy_reliability.scheduling.batches import LINGER_ROWS, MAX_BUFFERED, halves, units
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.leases import LeaseBook
 from scrapy_reliability.scheduling.politeness import report_adapted
@@ -50,6 +50,8 @@ class Claims(Protocol):
     in_flight: Future[Any] | None
     #: A claim asked for while a write was in flight: it rides on the next write.
     wanted: bool
+    #: Requests claimed and not yet handed to the engine.
+    ready: deque[Request]
 
     def spec(self) -> ClaimSpec: ...
 
@@ -93,6 +95,12 @@ class WritePipeline:
         # refuses is looked for.
         self.split: deque[tuple[WriteBatch, dict[str, Request]]] = deque()
         self._retry_call: Any = None
+        # The scheduled write: soon, or after the linger (see urgent()).
+        self._call: Any = None
+        self._lingering = False
+        #: Transitions buffered that make a write urgent (the engine's in-flight
+        #: bound counts the leases they end); set by the Scheduler.
+        self.urgent_transitions = 8
 
     def pending(self) -> bool:
         """Anything buffered, split or being written."""
@@ -117,6 +125,24 @@ class WritePipeline:
         self.batch.transitions.append(tr)
         self.schedule()
 
+    def urgent(self) -> bool:
+        """Whether the buffered changes should be written now rather than linger
+        (``RELIABILITY_WRITE_LINGER``) for more to join them or for a claim to carry
+        them: when the worker has no request buffered for the engine (the new rows
+        may be what it waits for, or the crawl may be ending), when the batch is
+        large or ends enough leases to hold back the engine's in-flight bound, when
+        a domain is to be paused or slowed down (other workers should know at
+        once), and for the parts of a failed write."""
+        batch = self.batch
+        return (
+            self.ctx.config.write_linger <= 0
+            or bool(self.split)
+            or not self.claims.ready
+            or len(batch.inserts) >= LINGER_ROWS
+            or len(batch.transitions) >= self.urgent_transitions
+            or any(tr.pause_until is not None or tr.slow_down for tr in batch.transitions)
+        )
+
     def _backpressure(self) -> None:
         """A callback yields requests faster than they are written: wait for the
         write in flight, then start writing this batch. Memory stays bounded by
@@ -129,18 +155,28 @@ class WritePipeline:
         self.write()
 
     def schedule(self) -> None:
-        """Write soon (in this reactor turn's wake)."""
+        """Write soon (in this reactor turn's wake), or after the linger when
+        nothing waits for the write."""
         # With a write in flight, its completion writes what gathered meanwhile.
-        if not self._scheduled and not self.ctx.closing and self.in_flight is None:
-            self._scheduled = True
-            self.ctx.clock.callLater(0, self.write)
+        if self.ctx.closing or self.in_flight is not None:
+            return
+        if self._scheduled and not (self._lingering and self.urgent()):
+            return
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._scheduled = True
+        self._lingering = not self.urgent()
+        delay = self.ctx.config.write_linger if self._lingering else 0.0
+        self._call = self.ctx.clock.callLater(delay, self.write)
 
     # -- writing ------------------------------------------------------------------------------
 
     def write(self, claim: bool = False) -> None:
         """Start the next write: the first part of a failed one, else the batch
         (with a claim riding on it when one is wanted)."""
-        self._scheduled = False
+        self._scheduled = self._lingering = False
+        if self._call is not None and self._call.active():
+            self._call.cancel()
         ctx = self.ctx
         if self.in_flight is not None or ctx.job is None or ctx.closing:
             return
@@ -224,7 +260,11 @@ class WritePipeline:
         if carried and result.claimed is not None:
             claims.take(result.claimed)
         if self.split or self.batch:
-            self.write()  # what gathered while this write ran
+            # What gathered while this write ran: now, or after the linger.
+            if self.urgent() or claims.wanted:
+                self.write()
+            else:
+                self.schedule()
         elif claims.wanted:
             claims.claim()
         self._wake_engine()
@@ -423,8 +463,9 @@ class WritePipeline:
     # -- closing ------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        if self._retry_call is not None and self._retry_call.active():
-            self._retry_call.cancel()
+        for call in (self._retry_call, self._call):
+            if call is not None and call.active():
+                call.cancel()
 
     def final_writes(self) -> list[WriteBatch]:
         """What is left to write at close, in order (nothing if the database is

@@ -313,24 +313,36 @@ def _settled_commits(core: Core) -> list[Commit]:
     return [c for c in core.frontier.commits if c.settled]
 
 
-def test_an_ack_nothing_waits_for_lingers_then_one_write_carries_several(
+def test_acks_of_a_paced_worker_linger_and_few_writes_carry_them(
     tmp_path: Path, migrated: Path
 ) -> None:
     shutil.copy(migrated, tmp_path / "frontier.sqlite")
-    core = Core(tmp_path, RELIABILITY_WRITE_LINGER=0.5)
-    for i in range(6):
+    # 4 requests/s, no burst, no cap: a claim takes the next second's tokens, and the
+    # worker holds requests waiting for their tokens' times.
+    core = Core(
+        tmp_path,
+        RELIABILITY_DOMAIN_RATE=4,
+        RELIABILITY_DOMAIN_BURST=1,
+        RELIABILITY_WRITE_LINGER=0.5,
+    )
+    for i in range(12):
         core.enqueue(f"{SITE}/p/{i}")
     core.run()
-    first, second = core.next_request(), core.next_request()
-    assert core.scheduler._claims.ready  # the worker holds requests for the engine
-    for request in (first, second):
+    first = core.next_request()
+    assert core.scheduler._claims.holds_for_later()
+    core.download(first)
+    core.scraped(first)
+    core.run(0.1)
+    assert _settled_commits(core) == []  # the ack waits for more
+    for _ in range(3):
+        request = core.next_request()
         core.download(request)
         core.scraped(request)
-    core.run(0.3)
-    assert _settled_commits(core) == []  # both acks wait for more
-    core.run(0.3)
+        core.run(0.01)
+    core.run(0.6)
     written = _settled_commits(core)
-    assert len(written) == 1 and len(written[0].settled) == 2  # one transaction, both acks
+    assert sum(len(c.settled) for c in written) == 4
+    assert len(written) < 4  # four pages: one transaction each without the linger
 
 
 def test_an_ack_is_written_at_once_when_the_worker_holds_nothing_or_linger_is_off(
@@ -341,7 +353,7 @@ def test_an_ack_is_written_at_once_when_the_worker_holds_nothing_or_linger_is_of
     core.enqueue(f"{SITE}/p/0")
     core.run()
     only = core.next_request()
-    assert not core.scheduler._claims.ready
+    assert not core.scheduler._claims.holds_for_later()
     core.download(only)
     core.enqueue(f"{SITE}/p/1")  # its child: perhaps the next thing the engine gets
     core.scraped(only)
@@ -349,12 +361,17 @@ def test_an_ack_is_written_at_once_when_the_worker_holds_nothing_or_linger_is_of
     assert len(_settled_commits(core)) == 1
     (tmp_path / "off").mkdir()
     shutil.copy(migrated, tmp_path / "off" / "frontier.sqlite")
-    off = Core(tmp_path / "off", RELIABILITY_WRITE_LINGER=0)
+    off = Core(
+        tmp_path / "off",
+        RELIABILITY_DOMAIN_RATE=4,
+        RELIABILITY_DOMAIN_BURST=1,
+        RELIABILITY_WRITE_LINGER=0,
+    )
     for i in range(3):
         off.enqueue(f"{SITE}/p/{i}")
     off.run()
     request = off.next_request()
-    assert off.scheduler._claims.ready
+    assert off.scheduler._claims.holds_for_later()
     off.download(request)
     off.scraped(request)
     off.run()
@@ -365,12 +382,14 @@ def test_a_throttled_retry_that_pauses_its_domain_is_written_at_once(
     tmp_path: Path, migrated: Path
 ) -> None:
     shutil.copy(migrated, tmp_path / "frontier.sqlite")
-    core = Core(tmp_path, RELIABILITY_WRITE_LINGER=2)
+    core = Core(
+        tmp_path, RELIABILITY_DOMAIN_RATE=4, RELIABILITY_DOMAIN_BURST=1, RELIABILITY_WRITE_LINGER=2
+    )
     for i in range(3):
         core.enqueue(f"{SITE}/p/{i}")
     core.run()
     request = core.next_request()
-    assert core.scheduler._claims.ready
+    assert core.scheduler._claims.holds_for_later()
     retry = core.retry(request, not_before=core.clock.seconds() + 30)
     retry.meta[RETRY_META] = {**retry.meta[RETRY_META], "pause_until": core.clock.seconds() + 30}
     assert core.scheduler.enqueue_request(retry)

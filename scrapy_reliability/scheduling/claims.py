@@ -160,13 +160,13 @@ class ClaimBuffer:
         if result.rows:
             self._poll_delay = _FIRST_POLL_SECONDS
             self.something_changed()
+            self.ctx.stats.inc_value("reliability/claimed", len(result.rows))
+            handed = sum(self._rebuild(row, result.starts.get(row.id, 0.0)) for row in result.rows)
+            crash_point("claimed")
             if result.next_due is not None:
                 # Fewer rows than asked: nothing more may start before then (unless
                 # a write changes that).
                 self._wait_for(result.next_due, result.leased_elsewhere)
-            self.ctx.stats.inc_value("reliability/claimed", len(result.rows))
-            handed = sum(self._rebuild(row, result.starts.get(row.id, 0.0)) for row in result.rows)
-            crash_point("claimed")
             if handed == len(result.rows):
                 # Only rows of another spider version: leave them to the workers that
                 # have their callbacks for a while, longer while it goes on.
@@ -190,8 +190,15 @@ class ClaimBuffer:
         """Nothing pending may start before ``next_due`` unless a write changes that:
         no claim until then. Infinity: every pending row's domain is at its
         concurrency cap; a lease of ours ending is a write of ours (it wakes the
-        claim), one of another worker's is not (look again now and then)."""
+        claim), one of another worker's is not (look again now and then). A domain
+        whose next requests this worker holds, waiting for their tokens' times, is
+        not claimed again before they run low (see :meth:`rows_changed`)."""
         self.maybe_pending = True
+        ready = self._ready
+        held = self._held_until() if ready else {}
+        if ready and held:
+            refill = min(max(r, held.get(d, 0.0) - REFILL_AHEAD) for d, r in ready.items())
+            next_due = max(next_due, refill)
         if math.isinf(next_due):
             if leased_elsewhere:
                 self._poll()
@@ -294,6 +301,16 @@ class ClaimBuffer:
             if first < self.idle_until:
                 self.idle_until = first
                 self.wake_at(first)
+
+    def holds_for_later(self) -> bool:
+        """Whether a buffered request waits for its token's time: the worker is
+        paced by a rate limit, and what it writes can wait for the next claim."""
+        now = self.ctx.clock.seconds()
+        for request in self.ready:
+            lease = self.leases.of(request)
+            if lease is not None and lease.send_at > now:
+                return True
+        return False
 
     def _held_until(self) -> dict[str, float]:
         """By domain: when the last of this worker's buffered requests waiting for

@@ -50,8 +50,6 @@ class Claims(Protocol):
     in_flight: Future[Any] | None
     #: A claim asked for while a write was in flight: it rides on the next write.
     wanted: bool
-    #: Requests claimed and not yet handed to the engine.
-    ready: deque[Request]
 
     def spec(self) -> ClaimSpec: ...
 
@@ -60,6 +58,8 @@ class Claims(Protocol):
     def take(self, result: ClaimResult) -> None: ...
 
     def something_changed(self) -> None: ...
+
+    def holds_for_later(self) -> bool: ...
 
     def rows_changed(
         self, inserted: set[str], settled: set[str] | None, requeued: bool
@@ -128,16 +128,17 @@ class WritePipeline:
     def urgent(self) -> bool:
         """Whether the buffered changes should be written now rather than linger
         (``RELIABILITY_WRITE_LINGER``) for more to join them or for a claim to carry
-        them: when the worker has no request buffered for the engine (the new rows
-        may be what it waits for, or the crawl may be ending), when the batch is
-        large or ends enough leases to hold back the engine's in-flight bound, when
-        a domain is to be paused or slowed down (other workers should know at
-        once), and for the parts of a failed write."""
+        them. They linger only while the worker is paced by a rate limit (it holds
+        a request waiting for its token's time): a crawl at full speed writes as
+        before. Written now also when the batch is large or ends enough leases to
+        hold back the engine's in-flight bound, when a domain is to be paused or
+        slowed down (other workers should know at once), and for the parts of a
+        failed write."""
         batch = self.batch
         return (
             self.ctx.config.write_linger <= 0
             or bool(self.split)
-            or not self.claims.ready
+            or not self.claims.holds_for_later()
             or len(batch.inserts) >= LINGER_ROWS
             or len(batch.transitions) >= self.urgent_transitions
             or any(tr.pause_until is not None or tr.slow_down for tr in batch.transitions)

@@ -7,9 +7,10 @@ halves, in the order a write applies them, until that row is alone (see
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from scrapy_reliability.frontier import WriteBatch
+from scrapy_reliability.frontier import Outcome, WriteBatch
 from scrapy_reliability.frontier.errors import first_line
 
 #: A failed write is tried again after this many seconds; nothing is dropped.
@@ -72,3 +73,32 @@ def one_line(exc: BaseException) -> str:
     batch's parameters can be megabytes, and are the request's data)."""
     orig = getattr(exc, "orig", None)
     return f"{type(orig if orig is not None else exc).__name__}: {first_line(exc)}"[:500]
+
+
+def writes_now(batch: WriteBatch, *, max_transitions: int) -> bool:
+    """Whether ``batch`` should be written at once rather than linger: it is large,
+    ends enough leases to hold back the engine's in-flight bound, or pauses or slows
+    down a domain (other workers should know at once)."""
+    return (
+        len(batch.inserts) >= LINGER_ROWS
+        or len(batch.transitions) >= max_transitions
+        or any(tr.pause_until is not None or tr.slow_down for tr in batch.transitions)
+    )
+
+
+def claim_inputs(
+    batch: WriteBatch, lease_domain: Callable[[int], str | None]
+) -> tuple[set[str], set[str] | None, bool]:
+    """What landing ``batch`` changes for the next claim (see
+    ``ClaimBuffer.rows_changed``): the domains of its new rows, those of the leases
+    it ends (None when one is not known), and whether rows go back to pending."""
+    settled: set[str] | None = set()
+    requeued = False
+    for tr in batch.transitions:
+        requeued = requeued or tr.outcome in (Outcome.RESCHEDULE, Outcome.RELEASE)
+        domain = lease_domain(tr.task_id)
+        if domain is None or settled is None:
+            settled = None
+        else:
+            settled.add(domain)
+    return {row.domain for row in batch.inserts}, settled, requeued

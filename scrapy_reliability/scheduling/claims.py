@@ -37,6 +37,8 @@ logger = logging.getLogger("scrapy_reliability.scheduler")
 # doubling up to _POLL_SECONDS while nothing turns up.
 _FIRST_POLL_SECONDS = 0.05
 _POLL_SECONDS = 0.5
+#: A claim due within this long rides on a write starting now.
+_CARRY_SLACK = 0.05
 #: A domain whose buffered requests wait for their tokens' times is claimed again
 #: when the last of them starts within this long (half of what a claim takes ahead).
 REFILL_AHEAD = PACE_AHEAD / 2
@@ -280,11 +282,24 @@ class ClaimBuffer:
           second for every domain at once, instead of one transaction per page.
 
         A claim that would find nothing costs a transaction."""
+        when = self.claim_after(inserted, settled, requeued)
+        now = self.ctx.clock.seconds()
+        if when <= now:
+            self.something_changed()
+        elif when < math.inf:
+            self.maybe_pending = True
+            if when < self.idle_until:
+                self.idle_until = when
+                self.wake_at(when)
+
+    def claim_after(self, inserted: set[str], settled: set[str] | None, requeued: bool) -> float:
+        """When a write of these changes (see :meth:`rows_changed`) makes a claim
+        worth its transaction: now (or earlier: at once), a later time, or
+        infinity (the write changes nothing for the claim)."""
         ready = self._ready
         now = self.ctx.clock.seconds()
         if ready is None or requeued or settled is None:
-            self.something_changed()
-            return
+            return now
         due = {d for d in inserted if ready.get(d, 0.0) <= now}
         due |= {d for d in settled if d in ready and (ready[d] <= now or math.isinf(ready[d]))}
         later = [ready[d] for d in inserted if d not in due and not math.isinf(ready[d])]
@@ -292,15 +307,37 @@ class ClaimBuffer:
             held = self._held_until()
             refill = min(held.get(d, 0.0) for d in due) - REFILL_AHEAD
             if refill <= now:
-                self.something_changed()
-                return
+                return now
             later.append(refill)
-        if later:
-            self.maybe_pending = True
-            first = max(min(later), now)
-            if first < self.idle_until:
-                self.idle_until = first
-                self.wake_at(first)
+        return max(min(later), now) if later else math.inf
+
+    def carry_with(self, inserted: set[str], settled: set[str] | None, requeued: bool) -> bool:
+        """Whether a write about to start should carry a claim: the claim its
+        changes would call for at once when it lands (one transaction, not two).
+        Only while the last claim found fewer rows than asked (limits or an
+        emptying frontier hold the worker back; at full speed the engine asks for
+        claims as its buffer empties) and the buffer is not full."""
+        now = self.ctx.clock.seconds()
+        return (
+            self._ready is not None
+            and len(self.ready) < 2 * self.claim_batch
+            and self.in_flight is None
+            and not self.ctx.closing
+            and now >= self._foreign_until
+            and (
+                # A claim due about now anyway (its timer and the write's linger
+                # end together), or one these changes call for.
+                (self.maybe_pending and self.idle_until <= now + _CARRY_SLACK)
+                or self.claim_after(inserted, settled, requeued) <= now + _CARRY_SLACK
+            )
+        )
+
+    def next_claim_at(self) -> float:
+        """When this worker claims next unless a write changes that (infinity:
+        not before a write of ours)."""
+        if not self.maybe_pending or self.in_flight is not None:
+            return math.inf
+        return max(self.idle_until, self._foreign_until)
 
     def holds_for_later(self) -> bool:
         """Whether a buffered request waits for its token's time: the worker is

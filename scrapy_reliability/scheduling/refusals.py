@@ -2,15 +2,57 @@
 
 from __future__ import annotations
 
+import logging
+
 from scrapy import Request, Spider
 from scrapy.utils.httpobj import urlparse_cached
 
-from scrapy_reliability.frontier import Refusal
+from scrapy_reliability.frontier import Refusal, WriteBatch
 from scrapy_reliability.frontier.store import storable_text
+from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.serialization import MAX_PRIORITY, MIN_PRIORITY, request_to_payload
+
+logger = logging.getLogger("scrapy_reliability.scheduler")
 
 #: A refused request's URL is kept up to this many characters.
 URL_RECORD_LIMIT = 8192
+
+
+def report(ctx: Context, *, url: str, reason: str, stat: str) -> None:
+    """Log and count a request refused (then kept as a dead letter)."""
+    ctx.stats.inc_value(f"reliability/refused/{stat}")
+    logger.error(
+        "Refused to schedule %(url)s: %(reason)s; kept as a dead letter of class "
+        "'refused' (`scrapy retrypass` replays it once fixed)",
+        {"url": storable_text(url, 500), "reason": reason},
+        extra=ctx.log(),
+    )
+
+
+def unrecorded(ctx: Context, batch: WriteBatch, cause: str) -> None:
+    """The database refuses the one record of ``batch`` (a refusal, an item's dead
+    letter or domain state), alone: it is named in the log only."""
+    if batch.refusals:
+        ctx.stats.inc_value("reliability/refused/unrecorded")
+        logger.error(
+            "Could not record the refused request %(url)s either (%(error)s); it is "
+            "named here only",
+            {"url": batch.refusals[0].url, "error": cause},
+            extra=ctx.log(),
+        )
+    elif batch.dead_items:
+        ctx.stats.inc_value("reliability/dead/item_unrecorded")
+        logger.error(
+            "Could not record the item dead letter of %(url)s (%(error)s); it is named here only",
+            {"url": batch.dead_items[0].url, "error": cause},
+            extra=ctx.log(),
+        )
+    else:
+        logger.error(
+            "Could not record domain state (%(error)s); the domains keep their old state",
+            {"error": cause},
+            extra=ctx.log(),
+        )
 
 
 def refusal(

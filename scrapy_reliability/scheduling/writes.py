@@ -29,9 +29,15 @@ from scrapy_reliability.frontier import (
     WriteBatch,
     WriteResult,
 )
-from scrapy_reliability.frontier.store import is_storage_failure, storable_text
+from scrapy_reliability.frontier.store import is_storage_failure
 from scrapy_reliability.scheduling import refusals, settled
-from scrapy_reliability.scheduling.batches import LINGER_ROWS, MAX_BUFFERED, halves, units
+from scrapy_reliability.scheduling.batches import (
+    MAX_BUFFERED,
+    claim_inputs,
+    halves,
+    units,
+    writes_now,
+)
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.leases import LeaseBook
 from scrapy_reliability.scheduling.politeness import report_adapted
@@ -41,6 +47,10 @@ if TYPE_CHECKING:
     from scrapy_reliability.dupefilter import DupeFilter
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
+
+#: A lingering write waits this long past the claim due before its linger ends: the
+#: claim's timer runs first and the claim carries the write.
+_AFTER_CLAIM = 0.01
 
 
 class Claims(Protocol):
@@ -61,9 +71,13 @@ class Claims(Protocol):
 
     def holds_for_later(self) -> bool: ...
 
+    def next_claim_at(self) -> float: ...
+
     def rows_changed(
         self, inserted: set[str], settled: set[str] | None, requeued: bool
     ) -> None: ...
+
+    def carry_with(self, inserted: set[str], settled: set[str] | None, requeued: bool) -> bool: ...
 
 
 class WritePipeline:
@@ -134,14 +148,11 @@ class WritePipeline:
         hold back the engine's in-flight bound, when a domain is to be paused or
         slowed down (other workers should know at once), and for the parts of a
         failed write."""
-        batch = self.batch
         return (
             self.ctx.config.write_linger <= 0
             or bool(self.split)
             or not self.claims.holds_for_later()
-            or len(batch.inserts) >= LINGER_ROWS
-            or len(batch.transitions) >= self.urgent_transitions
-            or any(tr.pause_until is not None or tr.slow_down for tr in batch.transitions)
+            or writes_now(self.batch, max_transitions=self.urgent_transitions)
         )
 
     def _backpressure(self) -> None:
@@ -167,7 +178,14 @@ class WritePipeline:
             self._call.cancel()
         self._scheduled = True
         self._lingering = not self.urgent()
-        delay = self.ctx.config.write_linger if self._lingering else 0.0
+        delay = 0.0
+        if self._lingering:
+            delay = self.ctx.config.write_linger
+            # A claim due before the linger ends carries the batch: wait for it
+            # (a hair longer, so that its timer runs first).
+            claim_in = self.claims.next_claim_at() - self.ctx.clock.seconds()
+            if 0 < claim_in < delay:
+                delay = claim_in + _AFTER_CLAIM
         self._call = self.ctx.clock.callLater(delay, self.write)
 
     # -- writing ------------------------------------------------------------------------------
@@ -195,8 +213,11 @@ class WritePipeline:
             claim = False
             batch, requests = self.split.popleft()
         else:
-            # A claim wanted now rides on this write (one transaction, one commit).
-            claim = (claim or claims.wanted) and claims.in_flight is None
+            # A claim wanted now rides on this write (one transaction, one commit), as
+            # does the claim its changes would call for when it lands.
+            claim = (
+                claim or claims.wanted or self._calls_for_claim(self.batch)
+            ) and claims.in_flight is None
             claims.wanted = False
             # Items already written to feeds reach the file before their requests' acks.
             _feeds.flush_feeds(ctx.feed_exporters)
@@ -225,6 +246,16 @@ class WritePipeline:
         self._handlers[self.in_flight] = handle
         if claim:
             claims.in_flight = self.in_flight
+
+    def _calls_for_claim(self, batch: WriteBatch) -> bool:
+        """Whether landing ``batch`` would make the worker claim at once."""
+        if not batch.transitions and not batch.inserts:
+            return False
+        return self.claims.carry_with(*claim_inputs(batch, self._lease_domain))
+
+    def _lease_domain(self, task_id: int) -> str | None:
+        lease = self.leases.get(task_id)
+        return None if lease is None else lease.domain
 
     def _write_on_thread(
         self, job_id: int, batch: WriteBatch, claim: ClaimSpec | None = None
@@ -354,7 +385,6 @@ class WritePipeline:
     ) -> None:
         """The one change of ``batch`` the database refuses: it alone pays."""
         cause = self.storage.cause(exc)
-        stats = self.ctx.stats
         if batch.inserts:
             row = batch.inserts[0]
             self.refuse(
@@ -366,31 +396,10 @@ class WritePipeline:
                 stat="database",
                 first=True,
             )
-        elif batch.refusals:
-            ref = batch.refusals[0]
-            stats.inc_value("reliability/refused/unrecorded")
-            logger.error(
-                "Could not record the refused request %(url)s either (%(error)s); it is "
-                "named here only",
-                {"url": ref.url, "error": cause},
-                extra=self.ctx.log(),
-            )
-        elif batch.transitions:
+        elif batch.transitions and not batch.refusals:
             self._transition_refused(batch.transitions[0], cause)
-        elif batch.dead_items:
-            stats.inc_value("reliability/dead/item_unrecorded")
-            logger.error(
-                "Could not record the item dead letter of %(url)s (%(error)s); it is named "
-                "here only",
-                {"url": batch.dead_items[0].url, "error": cause},
-                extra=self.ctx.log(),
-            )
         else:
-            logger.error(
-                "Could not record domain state (%(error)s); the domains keep their old state",
-                {"error": cause},
-                extra=self.ctx.log(),
-            )
+            refusals.unrecorded(self.ctx, batch, cause)
 
     def _transition_refused(self, tr: Transition, cause: str) -> None:
         """A transition the database refuses: a retry or redirect whose new request
@@ -443,13 +452,7 @@ class WritePipeline:
         callbacks; no meta), shown by ``status``, ``dead`` and ``explain`` and
         replayed by ``scrapy retrypass``."""
         assert self.ctx.spider is not None
-        self.ctx.stats.inc_value(f"reliability/refused/{stat}")
-        logger.error(
-            "Refused to schedule %(url)s: %(reason)s; kept as a dead letter of class "
-            "'refused' (`scrapy retrypass` replays it once fixed)",
-            {"url": storable_text(url, 500), "reason": reason},
-            extra=self.ctx.log(),
-        )
+        refusals.report(self.ctx, url=url, reason=reason, stat=stat)
         refusal = refusals.refusal(
             request, self.ctx.spider, key=key, url=url, priority=priority, reason=reason
         )

@@ -436,3 +436,24 @@ def test_freed_leases_of_a_domain_whose_next_requests_are_held_do_not_claim_at_o
         core.scheduler.next_request()
         core.run(0.01)
     assert _claims(core) == before + 1
+
+
+def test_an_ack_that_frees_a_capped_domain_carries_the_claim_it_calls_for(
+    tmp_path: Path, migrated: Path
+) -> None:
+    shutil.copy(migrated, tmp_path / "frontier.sqlite")
+    # No rate, at most 2 at once: a claim takes 2 rows and the domain is at its cap.
+    core = Core(tmp_path, RELIABILITY_DOMAIN_CONCURRENCY=2)
+    for i in range(5):
+        core.enqueue(f"{SITE}/p/{i}")
+    core.run()
+    first, _second = core.next_request(), core.next_request()
+    assert core.scheduler._claims.idle_until == float("inf")  # only a lease ending helps
+    alone = core.frontier.claims_alone
+    core.download(first)
+    core.scraped(first)
+    core.run()
+    (ack,) = _settled_commits(core)
+    assert ack.claimed  # one transaction: the ack, then the claim it makes possible
+    assert core.frontier.claims_alone == alone
+    assert core.next_request().url.startswith(SITE)

@@ -116,6 +116,8 @@ from _common import (
 from sqlalchemy import event
 
 from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
+from scrapy_reliability.frontier.dialect import READ_ONLY
+from scrapy_reliability.frontier.hotsql import SqliteHotSql
 from scrapy_reliability.serialization.encode import request_to_payload
 
 WORKER = "bench"
@@ -282,6 +284,23 @@ def record(url: str, backend: str, rows: Sequence[NewRequest], batch: int) -> Sc
     event.listen(frontier.engine, "before_cursor_execute", on_execute)
     event.listen(frontier.engine, "commit", on_end)
     event.listen(frontier.engine, "rollback", on_end)
+    # On SQLite the hot statements and BEGIN go to the driver past SQLAlchemy's
+    # statement events: record them where they are sent.
+    hot = frontier._sql
+    if isinstance(hot, SqliteHotSql):
+
+        def on_begin(conn: Any) -> None:
+            read_only = conn.get_execution_options().get(READ_ONLY, False)
+            log.append(("BEGIN" if read_only else "BEGIN IMMEDIATE", ()))
+
+        event.listen(frontier.engine, "begin", on_begin)
+        send = hot._execute
+
+        def logged(conn: Any, sql: str, params: Any) -> Any:
+            log.append((sql, params))
+            return send(conn, sql, params)
+
+        hot._execute = logged  # type: ignore[method-assign]
     script = Script(backend)
     now = time.time()
     try:

@@ -69,14 +69,11 @@ class Connections:
         self._held_lock = threading.Lock()
         #: Database calls made through this frontier: statements (an executemany
         #: sent in batches counts each batch), BEGINs and COMMITs/ROLLBACKs. On
-        #: PostgreSQL each is a network round trip. (SQLite's BEGIN is a statement
-        #: of ours, counted as such: its "begin" event sends nothing.)
+        #: PostgreSQL each is a network round trip. (SQLite's BEGIN is sent on the
+        #: driver's connection from the "begin" event, counted here.)
         self.round_trips = 0
         event.listen(engine, "before_cursor_execute", self._count_round_trip)
-        names = (
-            ("commit", "rollback") if dialect.is_sqlite(engine) else ("begin", "commit", "rollback")
-        )
-        for name in names:
+        for name in ("begin", "commit", "rollback"):
             event.listen(engine, name, self._count_round_trip)
         # SQLite: the file this frontier opened, by identity. A file deleted or
         # replaced mid-job must stop the crawl, never be re-created empty by the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -22,7 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.sql.dml import Insert
 
 from scrapy_reliability.frontier.errors import FrontierLocked, FrontierUnavailable, StorageLost
@@ -229,9 +230,15 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        # Writers take the write lock up front; readers (READ_ONLY) do not.
+        # Writers take the write lock up front; readers (READ_ONLY) do not. Sent on
+        # the driver's connection: through exec_driver_sql it costs more Python than
+        # SQLite takes to begin. Errors come out as SQLAlchemy's would.
         read_only = conn.get_execution_options().get(READ_ONLY, False)
-        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        sql = "BEGIN" if read_only else "BEGIN IMMEDIATE"
+        try:
+            conn.connection.driver_connection.execute(sql)  # type: ignore[union-attr]
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(sql, (), exc, sqlite3.Error) from exc
 
 
 def snapshot_options(engine: Engine) -> dict[str, Any]:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import abc
 import json
+import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.records import Claimed, NewRequest
@@ -47,6 +49,8 @@ class HotSql(abc.ABC):
 
     def __init__(self) -> None:
         self._texts: dict[tuple[str, int], str] = {}
+        #: Statements sent past SQLAlchemy (its events do not count them).
+        self.round_trips = 0
 
     def _text(self, key: str, n: int, build: Callable[[], str]) -> str:
         found = self._texts.get((key, n))
@@ -303,9 +307,22 @@ class SqliteHotSql(HotSql):
     def _n(self, n: int) -> int:
         return n
 
-    @staticmethod
-    def _json_rows(conn: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
-        found = conn.exec_driver_sql(sql, tuple(params)).scalar()
+    def _execute(self, conn: Connection, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
+        """Run ``sql`` on the driver's connection, inside ``conn``'s transaction:
+        SQLAlchemy's statement machinery (events, execution context, result) costs
+        more Python than a small write's statements take in SQLite. Errors come out
+        as SQLAlchemy's would (storage failures are told from refused values by
+        their class)."""
+        self.round_trips += 1
+        driver: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+        try:
+            return driver.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(sql, params, exc, sqlite3.Error) from exc
+
+    def _json_rows(self, conn: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+        row = self._execute(conn, sql, tuple(params)).fetchone()
+        found = row[0] if row else None
         return list(json.loads(found)) if found else []
 
     def insert(
@@ -322,7 +339,7 @@ class SqliteHotSql(HotSql):
             ),
         )
         present = set(self._json_rows(conn, existing, [job_id, *keys]))
-        conn.exec_driver_sql(self._insert_sql(len(rows)), self._insert_params(job_id, rows, now))
+        self._execute(conn, self._insert_sql(len(rows)), self._insert_params(job_id, rows, now))
         return set(keys) - present
 
     def settle(
@@ -341,7 +358,7 @@ class SqliteHotSql(HotSql):
         held = {int(i) for i in self._json_rows(conn, held_sql, [*ids, token])}
         if held:
             params = (state, now, *self._list(ids), token)
-            conn.exec_driver_sql(self._settle_sql(len(ids)), params)
+            self._execute(conn, self._settle_sql(len(ids)), params)
         return held
 
     def candidates(
@@ -380,7 +397,7 @@ class SqliteHotSql(HotSql):
         now: float,
     ) -> list[Claimed]:
         params = (token, worker_id, expires_at, now, *self._list(ids))
-        conn.exec_driver_sql(self._lease_sql(len(ids)), params)
+        self._execute(conn, self._lease_sql(len(ids)), params)
         rows = self._json_rows(
             conn,
             self._text(

@@ -72,7 +72,7 @@ class Frontier:
     def __init__(self, engine: Engine, *, lock: dialect.SqliteProcessLock | None = None):
         self.engine = engine
         self._db = Connections(engine, lock=lock)
-        sql = hot_sql(engine)
+        sql = self._sql = hot_sql(engine)
         self._domains = DomainRows(engine)
         self._writes = WritePath(engine, sql, self._domains)
         self._claims = Claimer(sql, self._domains)
@@ -85,7 +85,7 @@ class Frontier:
         """Database calls made through this frontier: statements (an executemany
         sent in batches counts each batch), BEGINs and COMMITs/ROLLBACKs. On
         PostgreSQL each is a network round trip."""
-        return self._db.round_trips
+        return self._db.round_trips + self._sql.round_trips
 
     def check_storage(self) -> None:
         """Raise :class:`StorageLost` when the SQLite file this frontier opened was

@@ -343,11 +343,7 @@ class ClaimBuffer:
         """Whether a buffered request waits for its token's time: the worker is
         paced by a rate limit, and what it writes can wait for the next claim."""
         now = self.ctx.clock.seconds()
-        for request in self.ready:
-            lease = self.leases.of(request)
-            if lease is not None and lease.send_at > now:
-                return True
-        return False
+        return any(start > now for start in self._held_until().values())
 
     def _held_until(self) -> dict[str, float]:
         """By domain: when the last of this worker's buffered requests waiting for

@@ -4,6 +4,7 @@ request timestamps, with one worker and with two sharing one Postgres."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -223,6 +224,60 @@ def test_a_polite_crawl_costs_few_database_round_trips_per_page(tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.timeout(60)
+def test_a_claim_never_waits_for_a_domain_row_another_worker_holds(postgres_url: str):
+    """A domain row locked by another worker's transaction (its claim, or a write
+    teaching the domain's adaptive rate) is left to the next claim: the claim takes
+    the other domains' rows at once. Two workers whose writes each lock a domain
+    before the claim riding on them would otherwise deadlock, which PostgreSQL
+    finds only after a second, leaving the surviving claim's start times a second
+    stale: its paced requests then went late and bunched with the other worker's."""
+    from sqlalchemy import create_engine, text
+
+    frontier = Frontier.connect(postgres_url)
+    other = create_engine(postgres_url)
+    try:
+        job = frontier.open_job("polite", "s").id
+        add(frontier, job, _rows("a.test", 3) + _rows("b.test", 3))
+        policy = Politeness(DomainLimits(rate=100.0, burst=10, concurrency=10))
+        # Both domains' rows exist once a claim has seen them.
+        first = frontier.claim(job, "w", 2, lease_seconds=30, politeness=policy)
+        frontier.write(
+            job,
+            WriteBatch(transitions=[Transition(r.id, r.token, Outcome.DONE) for r in first.rows]),
+        )
+        with other.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT 1 FROM reliability_domains WHERE job_id = :j AND domain = 'b.test' "
+                    "FOR UPDATE"
+                ),
+                {"j": job},
+            )
+            result: list[Any] = []
+            claimer = threading.Thread(
+                target=lambda: result.append(
+                    frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy)
+                )
+            )
+            started = time.monotonic()
+            claimer.start()
+            claimer.join(timeout=10)
+            waited = time.monotonic() - started
+            conn.rollback()  # releases the row (and a claim still waiting for it)
+            claimer.join(timeout=10)
+        assert waited < 5, f"the claim waited {waited:.1f} s for the locked domain row"
+        got = result[0]
+        assert got.rows and {r.fingerprint[:6] for r in got.rows} == {"a.test"}
+        # Released, the domain is claimed as before.
+        after = frontier.claim(job, "w", 10, lease_seconds=30, politeness=policy)
+        assert {r.fingerprint[:6] for r in after.rows} == {"b.test"}
+    finally:
+        frontier.close()
+        other.dispose()
+
+
 @pytest.mark.postgres
 def test_rate_holds_across_two_workers_on_one_postgres(tmp_path: Path, postgres_url: str):
     config = SiteConfig(pages=40)

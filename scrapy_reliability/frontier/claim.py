@@ -58,13 +58,25 @@ class Claimer:
                 taken += [task_id for task_id, _ in candidates]
                 break
             self._domains.lock_states(
-                conn, job_id, {domain for _, domain in candidates} - set(states), states, now
+                conn,
+                job_id,
+                {domain for _, domain in candidates} - set(states),
+                states,
+                now,
+                skip_locked=True,
             )
             blocked: set[str] = set()
             for task_id, domain in candidates:
                 if len(taken) >= limit:
                     break
-                start = states[domain].try_take(policy.limits_for(domain), policy, now, self._rng)
+                state = states.get(domain)
+                # None: another worker's transaction holds the domain's row (its
+                # claim takes the tokens): the next claim of this worker may.
+                start = (
+                    None
+                    if state is None
+                    else state.try_take(policy.limits_for(domain), policy, now, self._rng)
+                )
                 if start is None:
                     blocked.add(domain)
                     continue

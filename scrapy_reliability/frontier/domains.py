@@ -126,9 +126,17 @@ class DomainRows:
         names: set[str],
         into: dict[str, DomainState],
         now: float,
+        *,
+        skip_locked: bool = False,
     ) -> None:
         """Lock and read the domain rows (creating missing ones), with their
-        current leased counts."""
+        current leased counts. ``skip_locked`` (PostgreSQL; a claim): a row another
+        transaction holds is left out of ``into`` instead of waited for. A claim
+        then never waits for a domain, so a write that locks domains before the
+        claim riding on it (429s, successes that teach an adaptive rate) cannot
+        deadlock with another worker's; PostgreSQL would find such a deadlock only
+        after its deadlock_timeout (1 s), with the start times of the surviving
+        claim a second stale."""
         if not names:
             return
         ordered = sorted(names)
@@ -137,7 +145,7 @@ class DomainRows:
             select(domains)
             .where(domains.c.job_id == job_id, domains.c.domain.in_(ordered))
             .order_by(domains.c.domain)
-            .with_for_update()
+            .with_for_update(skip_locked=skip_locked)
         ).all()
         leased: dict[str, int] = dict(
             conn.execute(

@@ -286,11 +286,12 @@ class Frontier:
         transaction (one commit instead of two). ``politeness``: the limits the
         domains' adaptive rates learn below (without it, or with ``claim``'s, 429s
         and successes still pause domains but teach their rates nothing)."""
+        pinned = now is not None
         now = _now(now)
         policy = politeness or (claim.politeness if claim is not None else None)
         for attempt in range(_DEADLOCK_RETRIES):
             try:
-                return self._write(job_id, batch, claim, policy, now)
+                return self._write(job_id, batch, claim, policy, now, pinned=pinned)
             except DBAPIError as exc:
                 # Two workers inserting the same new keys in different orders can
                 # deadlock; PostgreSQL aborts one transaction, which is safe to run
@@ -307,11 +308,19 @@ class Frontier:
         claim: ClaimSpec | None,
         policy: Politeness | None,
         now: float,
+        *,
+        pinned: bool = False,
     ) -> WriteResult:
         acks = any(tr.outcome is Outcome.DONE for tr in batch.transitions)
         with self._transaction() as conn:
             inserted, settled, lost, adapted = self._writes.apply(conn, job_id, batch, now, policy)
-            claimed = None if claim is None else self._claims.claim(conn, job_id, claim, now)
+            claimed = None
+            if claim is not None:
+                # The claim's own clock (unless the caller pinned one): the start
+                # times it gives paced requests count from now, not from whenever
+                # the write began (it may have waited for a lock).
+                claim_now = now if pinned else max(now, time.time())
+                claimed = self._claims.claim(conn, job_id, claim, claim_now)
             if acks:
                 crash_point("before_ack_commit")
         if acks:

@@ -30,7 +30,10 @@ from scrapy_reliability.scheduling.storage import StorageHealth
 from scrapy_reliability.scheduling.writes import WritePipeline
 
 if TYPE_CHECKING:
+    from scrapy.statscollectors import StatsCollector
+
     from scrapy_reliability.dupefilter import DupeFilter
+    from scrapy_reliability.frontier import Frontier
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
 
@@ -258,7 +261,7 @@ class Session:
         _renewed, expired, peers = future.result()
         self.outcomes.peers.update(peers)
         if ctx.frontier is not None:
-            ctx.stats.set_value("reliability/db/round_trips", ctx.frontier.round_trips)
+            _db_stats(ctx.stats, ctx.frontier)
         if expired:
             ctx.stats.inc_value("reliability/lease/recovered", expired)
             logger.info(
@@ -307,7 +310,7 @@ class Session:
     def _closed(self, closing: jobdb.Closing, reason: str, never_started: int) -> None:
         ctx, stats = self.ctx, self.ctx.stats
         if ctx.frontier is not None:
-            stats.set_value("reliability/db/round_trips", ctx.frontier.round_trips)
+            _db_stats(stats, ctx.frontier)
         if closing.lost:
             stats.inc_value("reliability/lease/lost", closing.lost)
         stats.set_value("reliability/lease/released", closing.released)
@@ -410,3 +413,11 @@ class Session:
             },
             extra=self.ctx.log(),
         )
+
+
+def _db_stats(stats: StatsCollector, frontier: Frontier) -> None:
+    """The database's own figures: round trips, and writes PostgreSQL aborted as
+    deadlocks (each ran again at once)."""
+    stats.set_value("reliability/db/round_trips", frontier.round_trips)
+    if frontier.deadlocks:
+        stats.set_value("reliability/db/deadlocks", frontier.deadlocks)

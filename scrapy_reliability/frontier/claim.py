@@ -9,13 +9,88 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, case, func, select
+from sqlalchemy import (
+    ColumnClause,
+    Connection,
+    Select,
+    case,
+    func,
+    literal,
+    literal_column,
+    select,
+    union_all,
+)
 
 from scrapy_reliability.frontier.domains import DomainRows
 from scrapy_reliability.frontier.hotsql import HotSql
 from scrapy_reliability.frontier.politeness import DomainState, Politeness
 from scrapy_reliability.frontier.records import ClaimResult, ClaimSpec
 from scrapy_reliability.frontier.schema import LEASED, PENDING, requests
+
+# The partial indexes' own condition, as literal SQL: a bound parameter would not
+# let SQLite (or a generic PostgreSQL plan) use them.
+_PENDING_SQL: ColumnClause[str] = literal_column(f"'{PENDING}'")
+_LEASED_SQL: ColumnClause[str] = literal_column(f"'{LEASED}'")
+
+
+def _due_and_leased(job_id: int, worker_id: str) -> Any:
+    """Rows (state, domain, mine, due, n): per domain with pending rows, the
+    earliest ``not_before`` among them (``n`` is 1, not a count); per domain and
+    owner (``mine``: this worker), the leased rows and their count.
+
+    The pending part walks the partial index ``ix_reliability_requests_pending_due``
+    (job, domain, not_before) one domain at a time (a recursive CTE: the next
+    domain after the last one, then its earliest row), so a short claim costs
+    about two index lookups per domain, however many millions of rows are
+    pending or done. Leased rows are few (workers times their in-flight bound)."""
+    pending = requests.alias("pending")
+    in_job = (pending.c.job_id == job_id, pending.c.state == _PENDING_SQL)
+    walk = (
+        select(func.min(pending.c.domain).label("domain"))
+        .where(*in_job)
+        .cte("pending_domains", recursive=True)
+    )
+    after = requests.alias("after")
+    next_domain = (
+        select(func.min(after.c.domain))
+        .where(
+            after.c.job_id == job_id,
+            after.c.state == _PENDING_SQL,
+            after.c.domain > walk.c.domain,
+        )
+        .scalar_subquery()
+    )
+    walk = walk.union_all(select(next_domain).where(walk.c.domain.is_not(None)))
+    first = requests.alias("first")
+    due = (
+        select(func.min(first.c.not_before))
+        .where(
+            first.c.job_id == job_id,
+            first.c.state == _PENDING_SQL,
+            first.c.domain == walk.c.domain,
+        )
+        .scalar_subquery()
+    )
+    pending_part: Select[Any] = select(
+        literal(PENDING).label("state"),
+        walk.c.domain,
+        literal(0).label("mine"),
+        due.label("due"),
+        literal(1).label("n"),
+    ).where(walk.c.domain.is_not(None))
+    mine = case((requests.c.worker_id == worker_id, 1), else_=0)
+    leased_part: Select[Any] = (
+        select(
+            requests.c.state,
+            requests.c.domain,
+            mine.label("mine"),
+            func.min(requests.c.not_before).label("due"),
+            func.count().label("n"),
+        )
+        .where(requests.c.job_id == job_id, requests.c.state == _LEASED_SQL)
+        .group_by(requests.c.state, requests.c.domain, mine)
+    )
+    return union_all(pending_part, leased_part)
 
 
 def new_token() -> str:
@@ -124,19 +199,10 @@ class Claimer:
 
         One statement, so one snapshot: on PostgreSQL (READ COMMITTED) two would
         each see their own, and a row another worker hands back (leased, then
-        pending) between them would be in neither, ending this worker early."""
-        mine = case((requests.c.worker_id == worker_id, 1), else_=0).label("mine")
-        found = conn.execute(
-            select(
-                requests.c.state,
-                requests.c.domain,
-                mine,
-                func.min(requests.c.not_before).label("due"),
-                func.count().label("n"),
-            )
-            .where(requests.c.job_id == job_id, requests.c.state.in_((PENDING, LEASED)))
-            .group_by(requests.c.state, requests.c.domain, mine)
-        ).all()
+        pending) between them would be in neither, ending this worker early. Its
+        cost grows with the job's domains, not its rows (see
+        :func:`_due_and_leased`)."""
+        found = conn.execute(_due_and_leased(job_id, worker_id)).all()
         leased_by_domain: dict[str, int] = {}
         for r in found:
             if r.state == LEASED:

@@ -151,6 +151,16 @@ requests = Table(
         sqlite_where=text("state = 'leased'"),
     ),
     Index("ix_reliability_requests_job_state", "job_id", "state"),
+    # When a claim finds nothing due: each domain's earliest pending row, one index
+    # lookup per domain (see frontier/claim.py).
+    Index(
+        "ix_reliability_requests_pending_due",
+        "job_id",
+        "domain",
+        "not_before",
+        postgresql_where=text("state = 'pending'"),
+        sqlite_where=text("state = 'pending'"),
+    ),
     # Concurrency caps count leased rows per domain.
     Index(
         "ix_reliability_requests_domain_leased",

@@ -43,34 +43,26 @@ def _due_and_leased(job_id: int, worker_id: str) -> Any:
     domain after the last one, then its earliest row), so a short claim costs
     about two index lookups per domain, however many millions of rows are
     pending or done. Leased rows are few (workers times their in-flight bound)."""
-    pending = requests.alias("pending")
-    in_job = (pending.c.job_id == job_id, pending.c.state == _PENDING_SQL)
+
+    def pending(name: str) -> tuple[Any, Any]:
+        rows = requests.alias(name)
+        return rows, (rows.c.job_id == job_id, rows.c.state == _PENDING_SQL)
+
+    rows, in_job = pending("pending")
     walk = (
-        select(func.min(pending.c.domain).label("domain"))
+        select(func.min(rows.c.domain).label("domain"))
         .where(*in_job)
         .cte("pending_domains", recursive=True)
     )
-    after = requests.alias("after")
+    after, in_job = pending("after")
     next_domain = (
-        select(func.min(after.c.domain))
-        .where(
-            after.c.job_id == job_id,
-            after.c.state == _PENDING_SQL,
-            after.c.domain > walk.c.domain,
-        )
-        .scalar_subquery()
-    )
+        select(func.min(after.c.domain)).where(*in_job, after.c.domain > walk.c.domain)
+    ).scalar_subquery()
     walk = walk.union_all(select(next_domain).where(walk.c.domain.is_not(None)))
-    first = requests.alias("first")
+    first, in_job = pending("first")
     due = (
-        select(func.min(first.c.not_before))
-        .where(
-            first.c.job_id == job_id,
-            first.c.state == _PENDING_SQL,
-            first.c.domain == walk.c.domain,
-        )
-        .scalar_subquery()
-    )
+        select(func.min(first.c.not_before)).where(*in_job, first.c.domain == walk.c.domain)
+    ).scalar_subquery()
     pending_part: Select[Any] = select(
         literal(PENDING).label("state"),
         walk.c.domain,

@@ -62,7 +62,12 @@ def old_statement(job_id: int, worker_id: str) -> Any:
     )
 
 
-def fill(frontier: Frontier, rows: int, domains: int) -> int:
+def fill(
+    frontier: Frontier, rows: int, domains: int, *, leased: int = 64, spread: float = 3600.0
+) -> int:
+    """One job of ``rows`` rows over ``domains`` domains, the first ``leased`` of them
+    leased by two workers (``w1``, ``w2``), the others pending, each due at a random
+    moment within ``spread`` seconds from now (0: due now); one bulk INSERT."""
     job_id = frontier.open_job("bench", "s").id
     rng = random.Random(15)
     now = time.time()
@@ -74,23 +79,23 @@ def fill(frontier: Frontier, rows: int, domains: int) -> int:
         chunk.clear()
 
     for i in range(rows):
-        leased = i < 64
+        held = i < leased
         chunk.append(
             {
                 "job_id": job_id,
                 "fingerprint": f"{i:040x}",
-                "state": LEASED if leased else PENDING,
+                "state": LEASED if held else PENDING,
                 "priority": 0,
                 "domain": f"shop{i % domains}.example.com",
                 "url": f"https://shop{i % domains}.example.com/item/{i}",
                 "payload": "{}",
-                "not_before": now + rng.random() * 3600,
+                "not_before": now + rng.random() * spread if spread else 0.0,
                 "attempts": 0,
                 "created_at": now,
                 "updated_at": now,
-                "worker_id": (WORKER if i % 2 else "w2") if leased else None,
-                "lease_token": f"t{i}" if leased else None,
-                "lease_expires_at": now + 600 if leased else None,
+                "worker_id": (WORKER if i % 2 else "w2") if held else None,
+                "lease_token": f"t{i}" if held else None,
+                "lease_expires_at": now + 600 if held else None,
             }
         )
         if len(chunk) >= 50_000:

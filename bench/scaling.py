@@ -14,7 +14,7 @@ round trips = the sum of their ``reliability/db/round_trips`` (every statement, 
 and COMMIT the frontier sent). Exit status 1 if a worker fails or a page is missing.
 
     python bench/scaling.py [--pages 300] [--workers 1,2,4] [--repeat 2]
-        [--latency-ms 200] [--concurrency 4] [--pg-admin-url URL]
+        [--latency-ms 200] [--concurrency 4] [--pg-admin-url URL] [--set NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def run_workers(
                 "CONCURRENT_REQUESTS": str(args.concurrency),
                 "LOG_LEVEL": "INFO",
                 "BENCH_STATS_PATH": str(workdir / f"worker{i}.stats.json"),
+                **dict(kv.split("=", 1) for kv in args.set),
             }.items():
                 cmd += ["-s", f"{key}={value}"]
             log = (workdir / f"worker{i}.log").open("wb")
@@ -117,7 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg-admin-url", default=PG_ADMIN_URL)
     parser.add_argument("--json", type=Path, help="write all results here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Scrapy setting for every worker (repeatable)",
+    )
     args = parser.parse_args(argv)
+    for kv in args.set:
+        if "=" not in kv:
+            parser.error(f"--set {kv!r}: expected NAME=VALUE")
     sigterm_raises()
     counts = [int(w) for w in args.workers.split(",")]
 

@@ -333,6 +333,36 @@ def test_the_fast_paths_give_the_keys_of_every_step_taken(
         assert policy.canonical_url(candidate) == expected
 
 
+# Any character a spider's link may hold, the ones that end a part of a URL included.
+_url_chars = [*"aZ09-._~!$&'()*+,;=:@/?#%[] \t\"<>\\^`{|}", "\x00", "\x7f", "é", "ß", "\u2028"]
+_url_text = st.text(st.sampled_from(_url_chars), max_size=12)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.sampled_from(["http://", "https://", "HTTP://", "ftp://", "http:/", ""]),
+    st.sampled_from(
+        ["example.com", "EXAMPLE.com", "127.0.0.2", "a-b.c", "[::1]", "u:p@h", "h.", ""]
+    ),
+    st.sampled_from(["", ":", ":80", ":443", ":0080", ":8080", ":65535", ":65536", ":99999", ":x"]),
+    _url_text,
+)
+def test_the_plain_url_path_gives_the_key_of_every_step_taken(
+    scheme: str, host: str, port: str, tail: str
+) -> None:
+    """The short way for plain http(s) URLs (no domain rules) gives what every step
+    gives, for URLs with any character in any part."""
+    url = f"{scheme}{host}{port}{tail}"
+    for policy in (POLICY, CanonicalPolicy(drop_params=("a", "b*"), keep_params=("bz",))):
+        try:
+            expected = _reference_canonical_url(policy, url)
+        except ValueError:
+            with pytest.raises(ValueError):
+                policy.canonical_url(url)
+            continue
+        assert policy.canonical_url(url) == expected
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.text(), st.text(), st.binary(max_size=20))
 def test_the_fingerprint_text_is_what_json_dumps_writes(method: str, url: str, body: bytes) -> None:

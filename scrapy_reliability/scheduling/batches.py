@@ -19,6 +19,13 @@ WRITE_RETRY_SECONDS = 1.0
 MAX_BUFFERED = 2000
 #: Buffered new requests that end a write's linger: more per transaction gains little.
 LINGER_ROWS = 64
+#: New requests alone in the batch (no ack, no dead letter, no domain change) wait
+#: this long, or until STREAM_ROWS are buffered, for more to share their transaction,
+#: while the worker has claimed requests to start: a callback that yields thousands
+#: of links writes them in large transactions, not in one per reactor turn (a
+#: transaction's fixed cost was paid every 16 rows; bench/README.md, "Enqueue").
+STREAM_LINGER = 0.05
+STREAM_ROWS = 256
 #: This many changes refused one after the other, each alone, with no write in
 #: between: the database refuses everything, not one value; the crawl stops.
 SYSTEMATIC_FAILURES = 25
@@ -83,6 +90,26 @@ def writes_now(batch: WriteBatch, *, max_transitions: int) -> bool:
         len(batch.inserts) >= LINGER_ROWS
         or len(batch.transitions) >= max_transitions
         or any(tr.pause_until is not None or tr.slow_down for tr in batch.transitions)
+    )
+
+
+def streams(batch: WriteBatch, *, has_work: bool) -> bool:
+    """Whether ``batch`` holds only new requests, fewer than ``STREAM_ROWS``, while
+    the worker has claimed requests to start (``has_work``): they wait up to
+    ``STREAM_LINGER`` for the rest of the callback's output to share their
+    transaction. A worker with nothing to start writes at once (it may be waiting
+    for these very rows), and so does any batch with an ack in it."""
+    return (
+        has_work
+        and len(batch.inserts) < STREAM_ROWS
+        and bool(batch.inserts)
+        and not (
+            batch.transitions
+            or batch.dead_items
+            or batch.refusals
+            or batch.domain_updates
+            or batch.successes
+        )
     )
 
 

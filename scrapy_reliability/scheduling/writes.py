@@ -33,8 +33,10 @@ from scrapy_reliability.frontier.store import is_storage_failure
 from scrapy_reliability.scheduling import refusals, settled
 from scrapy_reliability.scheduling.batches import (
     MAX_BUFFERED,
+    STREAM_LINGER,
     claim_inputs,
     halves,
+    streams,
     units,
     writes_now,
 )
@@ -60,6 +62,8 @@ class Claims(Protocol):
     in_flight: Future[Any] | None
     #: A claim asked for while a write was in flight: it rides on the next write.
     wanted: bool
+    #: Claimed requests not yet handed to the engine.
+    ready: deque[Request]
 
     def spec(self) -> ClaimSpec: ...
 
@@ -145,13 +149,20 @@ class WritePipeline:
         before. Written now also when the batch is large or ends enough leases to
         hold back the engine's in-flight bound, when a domain is to be paused or
         slowed down (other workers should know at once), and for the parts of a
-        failed write."""
+        failed write. New requests alone wait briefly for more (``streaming()``)."""
+        if self.streaming():
+            return False
         return (
             self.ctx.config.write_linger <= 0
             or bool(self.split)
             or not self.claims.holds_for_later()
             or writes_now(self.batch, max_transitions=self.urgent_transitions)
         )
+
+    def streaming(self) -> bool:
+        """New requests alone wait for more (``batches.streams``), linger on."""
+        linger = self.ctx.config.write_linger > 0 and not self.split
+        return linger and streams(self.batch, has_work=bool(self.claims.ready))
 
     def _backpressure(self) -> None:
         """A callback yields requests faster than they are written: wait for the
@@ -178,7 +189,7 @@ class WritePipeline:
         self._lingering = not self.urgent()
         delay = 0.0
         if self._lingering:
-            delay = self.ctx.config.write_linger
+            delay = STREAM_LINGER if self.streaming() else self.ctx.config.write_linger
             # A claim due before the linger ends carries the batch: wait for it
             # (a hair longer, so that its timer runs first).
             claim_in = self.claims.next_claim_at() - self.ctx.clock.seconds()

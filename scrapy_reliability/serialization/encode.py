@@ -170,10 +170,14 @@ def request_to_payload(request: Request, spider: Spider) -> str:
 _VALUE_FIELDS = ("meta", "cookies", "cb_kwargs", "flags")
 
 
+# json.dumps with these options builds an encoder per call; one is enough.
+_PLAIN_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def _encode(data: dict[str, Any], spider: Spider, request: Request) -> str:
     try:
         # Plain JSON values (most requests): no codec, so no spider context.
-        return _not_too_deep(json.dumps(data, separators=(",", ":"), allow_nan=False))
+        return _not_too_deep(_PLAIN_JSON.encode(data))
     except _UNWRITABLE:
         pass
     with _for_spider(spider):

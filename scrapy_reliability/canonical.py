@@ -269,10 +269,11 @@ class CanonicalPolicy:
         drop, keep = self.drop_params, self.keep_params
         if rule is not None:
             drop, keep = drop + rule.drop_params, keep + rule.keep_params
-        dropped, kept = _Names.of(drop), _Names.of(keep)
+        dropped = _Names.of(drop)
         plain = query.isascii() and "%" not in query and "+" not in query
         if plain and not dropped.maybe_in(query):
             return url
+        kept = _Names.of(keep)
         gone = sorted(
             n for n in _param_names(query) if n.lower() in dropped and n.lower() not in kept
         )

@@ -289,14 +289,15 @@ class PostgresHotSql(HotSql):
 
 class SqliteHotSql(HotSql):
     """SQLite: one parameter per list value, and no statement returns one row per
-    request.
+    new request.
 
     Python's sqlite3 releases the GIL for every row it steps through, and each
     release hands the GIL to the reactor thread and back (tens of thousands of
-    context switches in a crawl). Rows come back as one JSON array instead, and a
-    read of the affected rows (keys already present, leases still held) before a
-    change replaces RETURNING; the write lock (BEGIN IMMEDIATE) makes that read
-    exact."""
+    context switches in a crawl). Rows come back as one JSON array instead; an
+    insert tells which keys it added by its count of changed rows and the ids it
+    gave them (new rows take the ids after the largest, one after the other: the
+    write lock, BEGIN IMMEDIATE, is ours); a settlement, a few rows, returns its
+    ids."""
 
     def _in(self, column: str, n: int, cast: str) -> str:
         return f"{column} IN ({', '.join([self.P] * n)})"
@@ -328,38 +329,36 @@ class SqliteHotSql(HotSql):
     def insert(
         self, conn: Connection, job_id: int, rows: Sequence[NewRequest], now: float
     ) -> set[str]:
+        cursor = self._execute(
+            conn, self._insert_sql(len(rows)), self._insert_params(job_id, rows, now)
+        )
+        added = cursor.rowcount
+        if added == len(rows):
+            return {row.fingerprint for row in rows}
+        if added <= 0:
+            return set()
+        # Some keys were known: the rows added took the ids up to lastrowid.
+        last = cursor.lastrowid
+        assert last is not None
         p = self.P
-        keys = [row.fingerprint for row in rows]
-        existing = self._text(
-            "existing",
-            len(rows),
+        added_sql = self._text(
+            "added",
+            0,
             lambda: (
                 f"SELECT json_group_array(fingerprint) FROM {requests.name} "
-                f"WHERE job_id = {p} AND {self._in('fingerprint', len(rows), 'text')}"
+                f"WHERE id > {p} AND id <= {p}"
             ),
         )
-        present = set(self._json_rows(conn, existing, [job_id, *keys]))
-        self._execute(conn, self._insert_sql(len(rows)), self._insert_params(job_id, rows, now))
-        return set(keys) - present
+        return set(self._json_rows(conn, added_sql, [last - added, last]))
 
     def settle(
         self, conn: Connection, state: str, ids: Sequence[int], token: str, now: float
     ) -> set[int]:
-        p = self.P
-        held_sql = self._text(
-            "held",
-            len(ids),
-            lambda: (
-                f"SELECT json_group_array(id) FROM {requests.name} "
-                f"WHERE {self._in('id', len(ids), 'bigint')} AND lease_token = {p} "
-                f"AND state = '{LEASED}'"
-            ),
+        params = (state, now, *self._list(ids), token)
+        sql = self._text(
+            "settle-returning", len(ids), lambda: self._settle_sql(len(ids)) + " RETURNING id"
         )
-        held = {int(i) for i in self._json_rows(conn, held_sql, [*ids, token])}
-        if held:
-            params = (state, now, *self._list(ids), token)
-            self._execute(conn, self._settle_sql(len(ids)), params)
-        return held
+        return {int(row[0]) for row in self._execute(conn, sql, params).fetchall()}
 
     def candidates(
         self,

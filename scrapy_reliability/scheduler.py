@@ -223,7 +223,7 @@ class Scheduler(BaseScheduler):
                 stat=stat,
             )
             return False
-        self.stats.inc_value("reliability/enqueued")
+        self._ctx.tally.add("reliability/enqueued")
         row = NewRequest(
             fingerprint=key,
             priority=request.priority,
@@ -280,7 +280,7 @@ class Scheduler(BaseScheduler):
             self._leases.move(lease, Stage.FETCHING)
         if len(claims.ready) <= self.claim_batch // 2:
             claims.claim()
-        self.stats.inc_value("reliability/dequeued")
+        self._ctx.tally.add("reliability/dequeued")
         return request
 
     def _robots_fetched(self, response: Any, request: Request, spider: Spider) -> None:

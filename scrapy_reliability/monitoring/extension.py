@@ -38,6 +38,7 @@ from scrapy_reliability.monitoring.events import (
 )
 from scrapy_reliability.monitoring.jsonlogs import install_json_logs
 from scrapy_reliability.monitoring.metrics import Metrics, metrics_app, serve
+from scrapy_reliability.scheduling import settled
 from scrapy_reliability.scheduling.engine import engine_scheduler
 from scrapy_reliability.scheduling.meta import TASK_META
 
@@ -85,7 +86,7 @@ class CrawlMonitor:
         cs.connect(self._opened, signal=signals.spider_opened)
         cs.connect(self._closed, signal=signals.spider_closed)
         cs.connect(self._response, signal=signals.response_downloaded)
-        cs.connect(self._settled, signal=reliability_signals.request_settled)
+        settled.listen(crawler, self._settled)
         if self.settings.json_logs:
             cs.connect(self._fetch_started, signal=signals.request_reached_downloader)
             cs.connect(self._bytes, signal=signals.bytes_received)

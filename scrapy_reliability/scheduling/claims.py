@@ -164,6 +164,9 @@ class ClaimBuffer:
             self.something_changed()
             self.ctx.stats.inc_value("reliability/claimed", len(result.rows))
             handed = sum(self._rebuild(row, result.starts.get(row.id, 0.0)) for row in result.rows)
+            kept = self.writes.written.handed_out()
+            if kept:
+                self.ctx.stats.inc_value("reliability/claimed/kept", kept)
             crash_point("claimed")
             if result.next_due is not None:
                 # Fewer rows than asked: nothing more may start before then (unless
@@ -232,7 +235,9 @@ class ClaimBuffer:
         )
         self.leases.add(lease)
         try:
-            request = payload_to_request(row.payload, self.ctx.spider)
+            request = self.writes.written.take(row.fingerprint, row.payload)
+            if request is None:
+                request = payload_to_request(row.payload, self.ctx.spider)
             retry_times = request.meta.get("retry_times", 0)
             if isinstance(retry_times, bool) or not isinstance(retry_times, int):
                 raise CorruptPayload(f"meta['retry_times'] is not a whole number: {retry_times!r}")

@@ -282,6 +282,7 @@ class Session:
         if self._unhook is not None:
             self._unhook()
         self.writes.stop()
+        ctx.tally.flush()
         if ctx.frontier is None or ctx.job is None:
             self.claims.stop()
             ctx.db.shutdown()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import time
+import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pydispatch import dispatcher  # type: ignore[import-untyped]
@@ -14,25 +17,51 @@ from scrapy_reliability.scheduling.leases import Lease
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-#: The stat (under ``reliability/``) each committed outcome counts in.
+#: The stat each committed outcome counts in.
 STAT_OF = {
-    Outcome.DONE: "acked",
-    Outcome.IGNORED: "ignored",
-    Outcome.DEAD: "dead",
-    Outcome.RESCHEDULE: "rescheduled/stored",
-    Outcome.RELEASE: "domain/released",
+    Outcome.DONE: "reliability/acked",
+    Outcome.IGNORED: "reliability/ignored",
+    Outcome.DEAD: "reliability/dead",
+    Outcome.RESCHEDULE: "reliability/rescheduled/stored",
+    Outcome.RELEASE: "reliability/domain/released",
 }
 
 
-def watched(crawler: Crawler) -> bool:
-    """Whether anyone listens to request_settled (the event is built only then)."""
-    return bool(
+logger = logging.getLogger("scrapy_reliability.scheduler")
+
+Receiver = Callable[[reliability_signals.Settled], None]
+
+# Receivers called directly, by crawler: this package's own monitor, which listens in
+# every crawl. Dispatching the signal through pydispatch for every ack cost more than
+# what the monitor does with the event (bench/README.md, "Where the CPU goes").
+_DIRECT: weakref.WeakKeyDictionary[Crawler, list[Receiver]] = weakref.WeakKeyDictionary()
+
+
+def listen(crawler: Crawler, receiver: Receiver) -> None:
+    """Call ``receiver(event)`` for each committed outcome of ``crawler``'s
+    scheduler, as ``request_settled`` would, without dispatching the signal."""
+    _DIRECT.setdefault(crawler, []).append(receiver)
+
+
+def receivers(crawler: Crawler) -> tuple[list[Receiver], bool]:
+    """The direct receivers of ``crawler``, and whether anything is connected to
+    request_settled (the event is built only when either is there)."""
+    signalled = bool(
         dispatcher.getAllReceivers(dispatcher.Any, reliability_signals.request_settled)
         or dispatcher.getAllReceivers(crawler, reliability_signals.request_settled)
     )
+    return _DIRECT.get(crawler, []), signalled
 
 
-def send(crawler: Crawler, lease: Lease, tr: Transition, worker_id: str) -> None:
+def send(
+    crawler: Crawler,
+    lease: Lease,
+    tr: Transition,
+    worker_id: str,
+    *,
+    direct: list[Receiver],
+    signal: bool,
+) -> None:
     if tr.outcome is Outcome.RESCHEDULE:
         outcome = "retry" if tr.attempts_inc else "redirect"
     elif tr.outcome is Outcome.RELEASE:
@@ -53,4 +82,10 @@ def send(crawler: Crawler, lease: Lease, tr: Transition, worker_id: str) -> None
         worker=worker_id,
         starts_at=max(lease.claimed_at, lease.send_at),
     )
-    crawler.signals.send_catch_log(reliability_signals.request_settled, event=event)
+    for receiver in direct:
+        try:
+            receiver(event)
+        except Exception:  # as send_catch_log does: a receiver's bug stops nothing
+            logger.exception("Error caught in a request_settled receiver %r", receiver)
+    if signal:
+        crawler.signals.send_catch_log(reliability_signals.request_settled, event=event)

@@ -44,6 +44,7 @@ from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.leases import LeaseBook
 from scrapy_reliability.scheduling.politeness import report_adapted
 from scrapy_reliability.scheduling.storage import StorageHealth
+from scrapy_reliability.scheduling.written import WrittenRequests
 
 if TYPE_CHECKING:
     from scrapy_reliability.dupefilter import DupeFilter
@@ -100,6 +101,8 @@ class WritePipeline:
         self.batch = WriteBatch()
         # The requests of the batch's inserts, by key (to log duplicates, refusals).
         self.requests: dict[str, Request] = {}
+        #: Requests whose rows this worker wrote, for the claim to hand out as they are.
+        self.written = WrittenRequests()
         self.in_flight: Future[WriteResult] | None = None
         # The handler of the write in flight, run once: by its completion callback,
         # or earlier by backpressure waiting for it.
@@ -317,36 +320,48 @@ class WritePipeline:
         stats = self.ctx.stats
         stats.inc_value("reliability/write/batches")
         assert self.ctx.spider is not None
+        written = self.written
         for row in batch.inserts:
+            request = requests.get(row.fingerprint)
             if row.fingerprint not in result.inserted:
                 stats.inc_value("reliability/duplicates/stored")
-                request = requests.get(row.fingerprint)
                 if request is not None:
                     self.dupefilter.log(request, self.ctx.spider)
+            elif request is not None:
+                written.keep(row.fingerprint, row.payload, request)
         inserted = len(result.inserted)
         stats.inc_value("reliability/stored", inserted)
         transitions = {tr.task_id: tr for tr in batch.transitions}
-        watched = settled.watched(self.ctx.crawler)
+        direct, signalled = settled.receivers(self.ctx.crawler)
+        tally = self.ctx.tally
         freed: set[str] | None = set()
         requeued = False
         for task_id in result.settled:
             tr = transitions[task_id]
             self.leases.forget(task_id, tr.token)
             lease = self.leases.end_settling(task_id, tr.token)
-            stats.inc_value(f"reliability/{settled.STAT_OF[tr.outcome]}")
+            tally.add(settled.STAT_OF[tr.outcome])
             requeued = requeued or tr.outcome in (Outcome.RESCHEDULE, Outcome.RELEASE)
             if lease is None:
                 freed = None
             elif freed is not None:
                 freed.add(lease.domain)
-            if watched and lease is not None:
-                settled.send(self.ctx.crawler, lease, tr, self.ctx.worker_id)
+            if (direct or signalled) and lease is not None:
+                settled.send(
+                    self.ctx.crawler,
+                    lease,
+                    tr,
+                    self.ctx.worker_id,
+                    direct=direct,
+                    signal=signalled,
+                )
         if result.lost:
             stats.inc_value("reliability/lease/lost", len(result.lost))
             for task_id in result.lost:
                 self.leases.forget(task_id, transitions[task_id].token)
                 self.leases.end_settling(task_id, transitions[task_id].token)
             logger.warning("%(error)s", {"error": LeaseLost(result.lost)}, extra=self.ctx.log())
+        tally.flush()
         if result.adapted:
             report_adapted(self.ctx, result.adapted)
         if inserted or result.settled:
@@ -479,6 +494,7 @@ class WritePipeline:
         for call in (self._retry_call, self._call):
             if call is not None and call.active():
                 call.cancel()
+        self.written.clear()
 
     def final_writes(self) -> list[WriteBatch]:
         """What is left to write at close, in order (nothing if the database is

@@ -5,14 +5,17 @@ writes. Each test names the question it answers."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from scrapy import Request
 from sqlalchemy import select
 
 from scrapy_reliability.frontier import Frontier, Outcome, schema
+from scrapy_reliability.scheduling import settled
 from scrapy_reliability.scheduling.meta import RETRY_META
 from tests.protocol import Commit, Core, Fault, refused_value, storage_failure
 
@@ -505,3 +508,94 @@ def test_an_ack_that_frees_a_capped_domain_carries_the_claim_it_calls_for(
     assert ack.claimed  # one transaction: the ack, then the claim it makes possible
     assert core.frontier.claims_alone == alone
     assert core.next_request().url.startswith(SITE)
+
+
+# -- kept requests (scheduling/written.py) ---------------------------------------------------
+
+
+def test_a_row_this_worker_wrote_is_claimed_as_the_request_itself(core: Core) -> None:
+    yielded = Request(f"{SITE}/p/0", callback=core.spider.parse, meta={"depth": 1})
+    assert core.scheduler.enqueue_request(yielded)
+    core.run()
+    claimed = core.next_request()
+    assert claimed is yielded
+    assert claimed.meta["reliability_task_id"] == core.rows()[yielded.url]["id"]
+    assert claimed.meta["reliability_attempts"] == 0
+    assert core.stats.get_value("reliability/claimed/kept") == 1
+    core.download(claimed)
+    core.scraped(claimed)
+    core.run()
+    assert core.rows()[yielded.url]["state"] == "done"
+    assert core.stats.get_value("reliability/acked") == 1
+
+
+def test_a_request_that_does_not_rebuild_exactly_is_rebuilt(core: Core) -> None:
+    yielded = Request(f"{SITE}/p/0", callback=core.spider.parse, meta={"path": ["a"]})
+    assert core.scheduler.enqueue_request(yielded)
+    core.run()
+    claimed = core.next_request()
+    assert claimed is not yielded
+    assert claimed.meta["path"] == ["a"] and claimed.meta["path"] is not yielded.meta["path"]
+    assert not core.stats.get_value("reliability/claimed/kept")
+
+
+def test_a_retried_row_is_rebuilt_from_the_payload_it_holds(core: Core) -> None:
+    yielded = Request(f"{SITE}/p/0", callback=core.spider.parse)
+    assert core.scheduler.enqueue_request(yielded)
+    core.run()
+    first = core.next_request()
+    assert first is yielded
+    assert core.scheduler.enqueue_request(core.retry(first))
+    core.run()
+    again = core.next_request()
+    assert again is not first and again.url == first.url
+    assert again.meta["retry_times"] == 1 and again.meta["reliability_attempts"] == 1
+
+
+def test_one_object_yielded_twice_is_handed_out_as_two_requests(core: Core) -> None:
+    yielded = Request(f"{SITE}/p/0", callback=core.spider.parse, dont_filter=True)
+    assert core.scheduler.enqueue_request(yielded)
+    assert core.scheduler.enqueue_request(yielded)
+    core.run()
+    first, second = core.next_request(), core.next_request()
+    assert first is not second
+    assert first.meta["reliability_task_id"] != second.meta["reliability_task_id"]
+    with core.database() as conn:
+        ids = set(conn.execute(select(schema.requests.c.id)).scalars())
+    assert {first.meta["reliability_task_id"], second.meta["reliability_task_id"]} == ids
+    assert len(ids) == 2
+
+
+def test_counts_of_the_request_path_reach_the_stats_by_each_write(core: Core) -> None:
+    for i in range(3):
+        assert core.enqueue(f"{SITE}/p/{i}")
+    core.run()
+    assert core.stats.get_value("reliability/enqueued") == 3
+    request = core.next_request()
+    core.download(request)
+    core.scraped(request)
+    core.run()
+    assert core.stats.get_value("reliability/dequeued") == 1
+    assert core.stats.get_value("reliability/acked") == 1
+
+
+def test_a_failing_settled_receiver_costs_nothing_but_its_log_line(
+    core: Core, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[str] = []
+
+    def failing(event: Any) -> None:
+        raise RuntimeError("receiver bug")
+
+    settled.listen(core.scheduler.crawler, failing)
+    settled.listen(core.scheduler.crawler, lambda event: seen.append(event.outcome))
+    assert core.enqueue(f"{SITE}/p/0")
+    core.run()
+    request = core.next_request()
+    core.download(request)
+    core.scraped(request)
+    with caplog.at_level(logging.ERROR):
+        core.run()
+    assert core.rows()[request.url]["state"] == "done"
+    assert seen == ["done"]
+    assert "receiver bug" in caplog.text

@@ -6,6 +6,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydispatch import dispatcher  # type: ignore[import-untyped]
@@ -43,25 +44,26 @@ def listen(crawler: Crawler, receiver: Receiver) -> None:
     _DIRECT.setdefault(crawler, []).append(receiver)
 
 
-def receivers(crawler: Crawler) -> tuple[list[Receiver], bool]:
-    """The direct receivers of ``crawler``, and whether anything is connected to
-    request_settled (the event is built only when either is there)."""
+@dataclass(frozen=True)
+class Receivers:
+    #: Called directly (see :func:`listen`).
+    direct: list[Receiver]
+    #: Whether anything is connected to request_settled.
+    signal: bool
+
+
+def receivers(crawler: Crawler) -> Receivers | None:
+    """Who listens to ``crawler``'s committed outcomes; None: nobody (the event
+    is then not built)."""
     signalled = bool(
         dispatcher.getAllReceivers(dispatcher.Any, reliability_signals.request_settled)
         or dispatcher.getAllReceivers(crawler, reliability_signals.request_settled)
     )
-    return _DIRECT.get(crawler, []), signalled
+    direct = _DIRECT.get(crawler, [])
+    return Receivers(direct, signalled) if direct or signalled else None
 
 
-def send(
-    crawler: Crawler,
-    lease: Lease,
-    tr: Transition,
-    worker_id: str,
-    *,
-    direct: list[Receiver],
-    signal: bool,
-) -> None:
+def send(crawler: Crawler, lease: Lease, tr: Transition, worker_id: str, to: Receivers) -> None:
     if tr.outcome is Outcome.RESCHEDULE:
         outcome = "retry" if tr.attempts_inc else "redirect"
     elif tr.outcome is Outcome.RELEASE:
@@ -82,10 +84,10 @@ def send(
         worker=worker_id,
         starts_at=max(lease.claimed_at, lease.send_at),
     )
-    for receiver in direct:
+    for receiver in to.direct:
         try:
             receiver(event)
         except Exception:  # as send_catch_log does: a receiver's bug stops nothing
             logger.exception("Error caught in a request_settled receiver %r", receiver)
-    if signal:
+    if to.signal:
         crawler.signals.send_catch_log(reliability_signals.request_settled, event=event)

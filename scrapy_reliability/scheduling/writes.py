@@ -320,7 +320,6 @@ class WritePipeline:
         stats = self.ctx.stats
         stats.inc_value("reliability/write/batches")
         assert self.ctx.spider is not None
-        written = self.written
         for row in batch.inserts:
             request = requests.get(row.fingerprint)
             if row.fingerprint not in result.inserted:
@@ -328,40 +327,32 @@ class WritePipeline:
                 if request is not None:
                     self.dupefilter.log(request, self.ctx.spider)
             elif request is not None:
-                written.keep(row.fingerprint, row.payload, request)
+                self.written.keep(row.fingerprint, row.payload, request)
         inserted = len(result.inserted)
         stats.inc_value("reliability/stored", inserted)
         transitions = {tr.task_id: tr for tr in batch.transitions}
-        direct, signalled = settled.receivers(self.ctx.crawler)
-        tally = self.ctx.tally
+        receivers = settled.receivers(self.ctx.crawler)
         freed: set[str] | None = set()
         requeued = False
         for task_id in result.settled:
             tr = transitions[task_id]
             self.leases.forget(task_id, tr.token)
             lease = self.leases.end_settling(task_id, tr.token)
-            tally.add(settled.STAT_OF[tr.outcome])
+            self.ctx.tally.add(settled.STAT_OF[tr.outcome])
             requeued = requeued or tr.outcome in (Outcome.RESCHEDULE, Outcome.RELEASE)
             if lease is None:
                 freed = None
             elif freed is not None:
                 freed.add(lease.domain)
-            if (direct or signalled) and lease is not None:
-                settled.send(
-                    self.ctx.crawler,
-                    lease,
-                    tr,
-                    self.ctx.worker_id,
-                    direct=direct,
-                    signal=signalled,
-                )
+            if receivers is not None and lease is not None:
+                settled.send(self.ctx.crawler, lease, tr, self.ctx.worker_id, receivers)
         if result.lost:
             stats.inc_value("reliability/lease/lost", len(result.lost))
             for task_id in result.lost:
                 self.leases.forget(task_id, transitions[task_id].token)
                 self.leases.end_settling(task_id, transitions[task_id].token)
             logger.warning("%(error)s", {"error": LeaseLost(result.lost)}, extra=self.ctx.log())
-        tally.flush()
+        self.ctx.tally.flush()
         if result.adapted:
             report_adapted(self.ctx, result.adapted)
         if inserted or result.settled:

@@ -43,17 +43,20 @@ SQLite (5 + 4 driver calls):
   id IN (?, x16)``; the leased rows, ``SELECT json_group_array(json_array(id,
   fingerprint, payload, attempts, priority, first_failed_at, content_hash, content_ns,
   recrawl_interval, recrawl)) FROM reliability_requests WHERE id IN (?, x16)``; COMMIT.
-  ack: ``BEGIN IMMEDIATE``; the held check, ``SELECT json_group_array(id) FROM
-  reliability_requests WHERE id IN (?, x16) AND lease_token = ? AND state = 'leased'``;
-  the settle, ``UPDATE reliability_requests SET state = ?, lease_token = NULL, worker_id
-  = NULL, lease_expires_at = NULL, updated_at = ? WHERE id IN (?, x16) AND lease_token
-  = ? AND state = 'leased'``; COMMIT.
-PostgreSQL (2 statements + COMMIT, then 1 + COMMIT; psycopg sends BEGIN with the first
-statement, and ``Frontier.round_trips`` counts SQLAlchemy's begin event: 4 + 3 counted):
-  claim: the candidates (same SELECT with ``%s`` and ``FOR UPDATE SKIP LOCKED``, no JSON
-  wrapper); the lease (``... WHERE id = ANY(%s::bigint[]) RETURNING id, fingerprint,
-  payload, attempts, priority, first_failed_at, content_hash, content_ns,
-  recrawl_interval, recrawl``); COMMIT.
+  ack (3 driver calls): ``BEGIN IMMEDIATE``; the settle, ``UPDATE reliability_requests
+  SET state = ?, lease_token = NULL, worker_id = NULL, lease_expires_at = NULL,
+  updated_at = ? WHERE id IN (?, x16) AND lease_token = ? AND state = 'leased'
+  RETURNING id``; COMMIT. (Before 2026-12-02's later change, a held check, ``SELECT
+  json_group_array(id) ...``, came before the settle.)
+PostgreSQL (1 statement + COMMIT, then 1 + COMMIT; psycopg sends BEGIN with the first
+statement, and ``Frontier.round_trips`` counts SQLAlchemy's begin event: 3 + 3 counted):
+  claim: the lease of the due rows, ``WITH due AS (the candidates: the same SELECT with
+  %s and FOR UPDATE SKIP LOCKED) UPDATE reliability_requests SET state = 'leased', ...
+  FROM due WHERE reliability_requests.id = due.id RETURNING reliability_requests.id,
+  ...fingerprint, payload, attempts, priority, first_failed_at, content_hash,
+  content_ns, recrawl_interval, recrawl``; COMMIT. (Before 2026-12-02's later change,
+  the candidates and the lease, ``... WHERE id = ANY(%s::bigint[]) RETURNING ...``,
+  were two statements.)
   ack: the settle (``... WHERE id = ANY(%s::bigint[]) AND lease_token = %s AND state =
   'leased' RETURNING id``); COMMIT.
 Once per run, on both sides: the last claim, which finds nothing, runs the candidates
@@ -180,9 +183,10 @@ def fill(url: str, rows: Sequence[NewRequest]) -> int:
 # -- the statements, recorded from the frontier ---------------------------------------------
 
 # Roles of the statements a claim + ack sends; anything else stops the benchmark.
-BEGIN, CANDIDATES, LEASE, LEASED, HELD, SETTLE, NOTHING_DUE, COMMIT = (
+BEGIN, CANDIDATES, LEASE_DUE, LEASE, LEASED, HELD, SETTLE, NOTHING_DUE, COMMIT = (
     "begin",
     "candidates",
+    "lease-due",
     "lease",
     "leased",
     "held",
@@ -195,6 +199,8 @@ BEGIN, CANDIDATES, LEASE, LEASED, HELD, SETTLE, NOTHING_DUE, COMMIT = (
 def role_of(sql: str) -> str:
     if sql == "BEGIN IMMEDIATE":
         return BEGIN
+    if sql.startswith("WITH due AS (SELECT id, domain, priority FROM reliability_requests"):
+        return LEASE_DUE
     if "SELECT id, domain, priority FROM reliability_requests" in sql:
         return CANDIDATES
     if sql.startswith("UPDATE reliability_requests SET state = 'leased'"):
@@ -249,6 +255,8 @@ def build_params(
     sqlite = backend == "sqlite"
     if role == CANDIDATES:
         return (job, now, job, now, limit)
+    if role == LEASE_DUE:
+        return (job, now, job, now, limit, token, WORKER, now + LEASE_SECONDS, now)
     if role == LEASE:
         expires = now + LEASE_SECONDS
         return (
@@ -343,6 +351,9 @@ def _steps(backend: str, log: list[tuple[str, Any]], **inputs: Any) -> list[Step
             steps.append(Step(role, sql, params))
             continue
         built = build_params(backend, role, **inputs)
+        if role == LEASE_DUE and not inputs["ids"]:
+            # A claim that finds nothing still binds a fresh token, which no row shows.
+            built = (*built[:5], params[5], *built[6:])
         if tuple(built) != tuple(params):
             raise SystemExit(
                 f"claim_raw: the frontier bound other parameters for {role}:\n{sql}\n"
@@ -436,6 +447,9 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
                 calls += 1
                 if role == BEGIN:
                     conn.execute(sql).close()
+                elif role == LEASE_DUE:
+                    params = (job, now, job, now, batch, token, WORKER, now + LEASE_SECONDS, now)
+                    ids = [r[0] for r in conn.execute(sql, params).fetchall()]
                 elif sqlite:
                     found = conn.execute(sql, (job, now, job, now, batch)).fetchone()[0]
                     found = json.loads(found) if found else []
@@ -473,10 +487,8 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
                 elif role == HELD:
                     held = set(json.loads(conn.execute(sql, (*ids, token)).fetchone()[0]))
                 elif role == SETTLE:
-                    if sqlite:
-                        conn.execute(sql, ("done", now, *ids, token)).close()
-                    else:
-                        held = {r[0] for r in conn.execute(sql, ("done", now, ids, token))}
+                    params = ("done", now, *ids, token) if sqlite else ("done", now, ids, token)
+                    held = {r[0] for r in conn.execute(sql, params).fetchall()}
                 else:
                     raise AssertionError(role)
             if len(held) != len(ids):
@@ -502,7 +514,7 @@ def _split_claims(script: Script) -> tuple[list[tuple[str, str]], dict[str, list
     head: list[tuple[str, str]] | None = None
     tails: dict[str, list[Step]] = {}
     for kind, steps in script.claim.items():
-        cut = next(i for i, s in enumerate(steps) if s.role == CANDIDATES) + 1
+        cut = next(i for i, s in enumerate(steps) if s.role in (CANDIDATES, LEASE_DUE)) + 1
         this = [(s.role, s.sql) for s in steps[:cut]]
         if head is not None and this != head:
             raise SystemExit("claim_raw: claims differ before their candidates")

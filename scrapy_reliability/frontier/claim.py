@@ -24,7 +24,7 @@ from sqlalchemy import (
 from scrapy_reliability.frontier.domains import DomainRows
 from scrapy_reliability.frontier.hotsql import HotSql
 from scrapy_reliability.frontier.politeness import DomainState, Politeness
-from scrapy_reliability.frontier.records import ClaimResult, ClaimSpec
+from scrapy_reliability.frontier.records import Claimed, ClaimResult, ClaimSpec
 from scrapy_reliability.frontier.schema import LEASED, PENDING, requests
 
 # The partial indexes' own condition, as literal SQL: a bound parameter would not
@@ -109,6 +109,18 @@ class Claimer:
         starts: dict[int, float] = {}
         excluded: set[str] = set()
         states: dict[str, DomainState] = {}
+        if not policy.limits_anything:
+            rows = self._sql.lease_due(
+                conn,
+                job_id,
+                now=now,
+                limit=limit,
+                newest_first=newest_first,
+                token=token,
+                worker_id=worker_id,
+                expires_at=now + lease_seconds,
+            )
+            return self._claimed(conn, job_id, spec, rows, starts=starts, policy=policy, now=now)
         for _round in range(3):
             want = limit - len(taken)
             candidates = self._sql.candidates(
@@ -116,13 +128,10 @@ class Claimer:
                 job_id,
                 now=now,
                 excluded=sorted(excluded),
-                limit=want * 4 if policy.limits_anything else want,
+                limit=want * 4,
                 newest_first=newest_first,
             )
             if not candidates:
-                break
-            if not policy.limits_anything:
-                taken += [task_id for task_id, _ in candidates]
                 break
             self._domains.lock_states(
                 conn,
@@ -154,6 +163,7 @@ class Claimer:
                 break
             excluded |= blocked
         self._domains.save_buckets(conn, job_id, states.values())
+        rows = []
         if taken:
             rows = self._sql.lease(
                 conn,
@@ -163,17 +173,33 @@ class Claimer:
                 expires_at=now + lease_seconds,
                 now=now,
             )
-            rows.sort(key=lambda c: (-c.priority, -c.id if newest_first else c.id))
-            if len(rows) >= limit:
-                return ClaimResult(rows, starts=starts)
-            # Fewer than asked: say when the next may start, so that the worker does
-            # not claim again at once only to find nothing (one statement here saves
-            # a whole transaction).
-            after = self._nothing_due(conn, job_id, worker_id, policy=policy, now=now, known=states)
-            return ClaimResult(
-                rows, after.next_due, after.leased_elsewhere, starts, ready=after.ready
-            )
-        return self._nothing_due(conn, job_id, worker_id, policy=policy, now=now, known=states)
+        return self._claimed(
+            conn, job_id, spec, rows, starts=starts, states=states, policy=policy, now=now
+        )
+
+    def _claimed(
+        self,
+        conn: Connection,
+        job_id: int,
+        spec: ClaimSpec,
+        rows: list[Claimed],
+        *,
+        starts: dict[int, float],
+        policy: Politeness,
+        now: float,
+        states: dict[str, DomainState] | None = None,
+    ) -> ClaimResult:
+        """The claim's result: its rows in claim order, and when fewer than asked,
+        when the next may start (so that the worker does not claim again at once
+        only to find nothing; one statement here saves a whole transaction)."""
+        worker_id, states = spec.worker_id, states or {}
+        if not rows:
+            return self._nothing_due(conn, job_id, worker_id, policy=policy, now=now, known=states)
+        rows.sort(key=lambda c: (-c.priority, -c.id if spec.newest_first else c.id))
+        if len(rows) >= spec.limit:
+            return ClaimResult(rows, starts=starts)
+        after = self._nothing_due(conn, job_id, worker_id, policy=policy, now=now, known=states)
+        return ClaimResult(rows, after.next_due, after.leased_elsewhere, starts, ready=after.ready)
 
     def _nothing_due(
         self,

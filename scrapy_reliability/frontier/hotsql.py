@@ -115,6 +115,31 @@ class HotSql(abc.ABC):
     ) -> list[Claimed]:
         """Lease the rows ``ids`` (just selected, so pending) under ``token``."""
 
+    def lease_due(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        now: float,
+        limit: int,
+        newest_first: bool,
+        token: str,
+        worker_id: str,
+        expires_at: float,
+    ) -> list[Claimed]:
+        """Lease up to ``limit`` due pending rows of domains not paused, in claim
+        order, when no domain limit decides which (the candidates, then their
+        lease; PostgreSQL sends both as one statement)."""
+        candidates = self.candidates(
+            conn, job_id, now=now, excluded=(), limit=limit, newest_first=newest_first
+        )
+        if not candidates:
+            return []
+        ids = [task_id for task_id, _ in candidates]
+        return self.lease(
+            conn, ids, token=token, worker_id=worker_id, expires_at=expires_at, now=now
+        )
+
     # Shared texts and parameters.
 
     def _insert_sql(self, n: int) -> str:
@@ -284,6 +309,43 @@ class PostgresHotSql(HotSql):
     ) -> list[Claimed]:
         params = (token, worker_id, expires_at, now, *self._list(ids))
         sql = f"{self._lease_sql(len(ids))} RETURNING {self._CLAIMED}"
+        return self._claimed(conn.exec_driver_sql(sql, params), token)
+
+    def lease_due(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        now: float,
+        limit: int,
+        newest_first: bool,
+        token: str,
+        worker_id: str,
+        expires_at: float,
+    ) -> list[Claimed]:
+        # One round trip: the candidates (locked, skipping rows a concurrent claim
+        # holds) as a CTE of the lease.
+        p = self.P
+        key = self._candidates_key((), newest_first)
+        sql = self._text(
+            "lease-due-" + key,
+            0,
+            lambda: (
+                f"WITH due AS ({self._candidates_sql(key, 0, newest_first)}) "
+                f"UPDATE {requests.name} SET state = '{LEASED}', lease_token = {p}, "
+                f"worker_id = {p}, lease_expires_at = {p}, updated_at = {p} "
+                f"FROM due WHERE {requests.name}.id = due.id "
+                "RETURNING "
+                + ", ".join(f"{requests.name}.{c.strip()}" for c in self._CLAIMED.split(","))
+            ),
+        )
+        params = (
+            *self._candidates_params(job_id, now, (), limit),
+            token,
+            worker_id,
+            expires_at,
+            now,
+        )
         return self._claimed(conn.exec_driver_sql(sql, params), token)
 
 

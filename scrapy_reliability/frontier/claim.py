@@ -120,7 +120,7 @@ class Claimer:
                 worker_id=worker_id,
                 expires_at=now + lease_seconds,
             )
-            return self._claimed(conn, job_id, spec, rows, starts=starts, policy=policy, now=now)
+            return self._result(conn, job_id, spec, rows, starts=starts, policy=policy, now=now)
         for _round in range(3):
             want = limit - len(taken)
             candidates = self._sql.candidates(
@@ -173,11 +173,11 @@ class Claimer:
                 expires_at=now + lease_seconds,
                 now=now,
             )
-        return self._claimed(
+        return self._result(
             conn, job_id, spec, rows, starts=starts, states=states, policy=policy, now=now
         )
 
-    def _claimed(
+    def _result(
         self,
         conn: Connection,
         job_id: int,

@@ -217,16 +217,20 @@ class HotSql(abc.ABC):
         params.append(limit)
         return params
 
-    def _lease_sql(self, n: int) -> str:
+    def _lease_update(self) -> str:
+        """The lease's UPDATE up to its WHERE; parameters (token, worker_id,
+        expires_at, now)."""
         p = self.P
+        return (
+            f"UPDATE {requests.name} SET state = '{LEASED}', lease_token = {p}, "
+            f"worker_id = {p}, lease_expires_at = {p}, updated_at = {p} "
+        )
+
+    def _lease_sql(self, n: int) -> str:
         return self._text(
             "lease",
             self._n(n),
-            lambda: (
-                f"UPDATE {requests.name} SET state = '{LEASED}', lease_token = {p}, "
-                f"worker_id = {p}, lease_expires_at = {p}, updated_at = {p} "
-                f"WHERE {self._in('id', n, 'bigint')}"
-            ),
+            lambda: f"{self._lease_update()}WHERE {self._in('id', n, 'bigint')}",
         )
 
     @staticmethod
@@ -325,16 +329,13 @@ class PostgresHotSql(HotSql):
     ) -> list[Claimed]:
         # One round trip: the candidates (locked, skipping rows a concurrent claim
         # holds) as a CTE of the lease.
-        p = self.P
         key = self._candidates_key((), newest_first)
         sql = self._text(
             "lease-due-" + key,
             0,
             lambda: (
                 f"WITH due AS ({self._candidates_sql(key, 0, newest_first)}) "
-                f"UPDATE {requests.name} SET state = '{LEASED}', lease_token = {p}, "
-                f"worker_id = {p}, lease_expires_at = {p}, updated_at = {p} "
-                f"FROM due WHERE {requests.name}.id = due.id "
+                f"{self._lease_update()}FROM due WHERE {requests.name}.id = due.id "
                 "RETURNING "
                 + ", ".join(f"{requests.name}.{c.strip()}" for c in self._CLAIMED.split(","))
             ),

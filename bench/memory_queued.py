@@ -16,14 +16,21 @@ Variants:
 * ``reliability``: ADDONS = {"scrapy_reliability.Addon": 0}; SQLite in JOBDIR, or a
   fresh PostgreSQL database with ``--postgres`` (dropped afterwards);
 * ``stock-memory``: ADDONS = {}, Scrapy's scheduler with its in-memory queues (for
-  comparison; sizes from ``--stock-sizes``, empty to skip).
+  comparison; sizes from ``--stock-sizes``, empty to skip);
+* ``reliability-sqlite@REV`` with ``--baseline-rev REV``: the package as it was at git
+  ``REV``, in the same rounds (the code before a change, measured beside it).
+
+Enqueue (issue 15: requests stored per second >= 0.9x stock's): with both variants at
+one N, prints ``enqueue_ratio VARIANT = X``, stock's median time to store N over the
+variant's (and each round's ratio).
 
 Acceptance: the reliability peak RSS with the largest N (1M) is within 50 MB of that with
 the smallest (100k). Prints ``delta_1M_vs_100k_MB = X``; exits 1 if X > ``--max-delta-mb``
 or a run fails.
 
     python bench/memory_queued.py [--sizes 100000,1000000] [--postgres]
-        [--stock-sizes 100000,1000000] [--repeat 1] [--trace] [--json PATH]
+        [--stock-sizes 100000,1000000] [--repeat 1] [--baseline-rev REV] [--trace]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     PG_ADMIN_URL,
     PostgresDatabase,
+    extract_revision,
     machine_line,
     median,
     run_crawl,
@@ -59,6 +67,26 @@ def label(n: int) -> str:
     return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1000}k"
 
 
+def enqueue_ratios(
+    runs: list[dict[str, Any]], variant: str, n: int
+) -> tuple[float, list[float]] | None:
+    """Stock's median seconds to store ``n`` over ``variant``'s (its enqueue rate as a
+    fraction of stock's), and the same per round; None without both."""
+
+    def stored(v: str) -> dict[int, float]:
+        return {
+            r["rep"]: float(r["stored_s"])
+            for r in runs
+            if r["variant"] == v and r["n"] == n and r["ok"] and r["stored_s"]
+        }
+
+    mine, stock = stored(variant), stored("stock-memory")
+    if not mine or not stock:
+        return None
+    ratio = median(list(stock.values())) / median(list(mine.values()))
+    return ratio, [stock[rep] / mine[rep] for rep in sorted(mine) if rep in stock]
+
+
 def run_one(
     variant: str, n: int, *, root: Path, start: str, rep: int, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -66,10 +94,11 @@ def run_one(
     workdir = root / tag
     settings = {"LOG_LEVEL": "INFO", "CONCURRENT_ITEMS": "8"}
     reliability = variant.startswith("reliability")
+    base, _, rev = variant.partition("@")
     db: PostgresDatabase | None = None
-    if variant == "reliability-sqlite":
+    if base == "reliability-sqlite":
         settings["JOBDIR"] = str(workdir / "jobdir")
-    elif variant == "reliability-postgres":
+    elif base == "reliability-postgres":
         db = PostgresDatabase(f"bench_mem_{os.getpid()}_{label(n)}_{rep}", args.pg_admin_url)
         db.__enter__()
         settings["RELIABILITY_DATABASE_URL"] = db.url
@@ -85,6 +114,7 @@ def run_one(
             settings=settings,
             timeout=args.timeout,
             tag=tag,
+            package_root=args.rev_root if rev else None,
         )
     finally:
         if db is not None:
@@ -161,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="tracemalloc in the reliability child (slow; for diagnosis)",
     )
+    parser.add_argument(
+        "--baseline-rev",
+        help="also measure the package as it was at this git revision, in the same rounds",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
@@ -171,6 +205,15 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     code = snapshot_package(root)
+    rels = [rel]
+    if args.baseline_rev:
+        try:
+            args.rev_root, rev_code = extract_revision(root, args.baseline_rev)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        rels.append(f"{rel}@{args.baseline_rev}")
+        code += f"; {rels[1]}: {rev_code}"
     from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 
     print(
@@ -178,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{rel}; site latency {args.latency_ms:g} ms; work dir {root}",
         flush=True,
     )
-    plan = [(rel, n) for n in sizes] + [("stock-memory", n) for n in stock_sizes]
+    plan = [(v, n) for n in sizes for v in rels] + [("stock-memory", n) for n in stock_sizes]
     # Interleave sizes and variants: the smallest of each first, then the larger ones.
-    plan.sort(key=lambda vn: (vn[1], vn[0] != rel))
+    plan.sort(key=lambda vn: (vn[1], vn[0] == "stock-memory"))
     runs: list[dict[str, Any]] = []
     t0 = time.monotonic()
     try:
@@ -241,6 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     print()
     summary: dict[str, Any] = {}
+    for variant in rels:
+        for n in sorted(set(sizes) & set(stock_sizes)):
+            ratios = enqueue_ratios(runs, variant, n)
+            if ratios is not None:
+                summary[f"{variant}/enqueue_ratio_{label(n)}"] = ratios[0]
+                rounds = " ".join(f"{x:.2f}" for x in ratios[1])
+                print(f"enqueue_ratio {variant} N={label(n)} = {ratios[0]:.2f} (rounds {rounds})")
     for variant, ns in ((rel, sizes), ("stock-memory", stock_sizes)):
         if len(ns) >= 2:
             lo, hi = ns[0], ns[-1]

@@ -50,6 +50,8 @@ class SyncDatabase(DatabaseThread):
         self.clock = clock
         # While set, completions wait here: the call ran, the core has not learnt it.
         self.held: list[Callable[[], None]] | None = None
+        #: (function name, whether the caller let it run inline) of each call_soon.
+        self.calls: list[tuple[str, bool]] = []
 
     def hold(self) -> None:
         self.held = []
@@ -80,6 +82,7 @@ class SyncDatabase(DatabaseThread):
         *args: Any,
         inline: bool = False,
     ) -> Future[Any]:
+        self.calls.append((getattr(fn, "__name__", ""), inline))
         future = self.submit(fn, *args)
         self._complete(lambda: on_done(future))
         return future

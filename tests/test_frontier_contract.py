@@ -32,6 +32,7 @@ from scrapy_reliability.frontier import (
     WriteResult,
 )
 from scrapy_reliability.frontier.schema import requests, workers
+from scrapy_reliability.frontier.transitions import INSERT_CHUNK
 from tests.frontier_helpers import add, has_unfinished, job_state, lease_of, settle
 
 NOW = 1_000_000.0
@@ -794,6 +795,66 @@ def test_a_rolled_back_write_does_not_lose_its_domain_row(sqlite_url: str) -> No
                 select(domains.c.paused_until).where(domains.c.domain == "example.com")
             ).scalar()
         assert pause == NOW + 30
+    finally:
+        frontier.close()
+
+
+# -- SQLite: new requests alone are one statement ---------------------------------------------
+
+
+def test_new_requests_alone_are_one_sqlite_statement_without_begin_or_commit(
+    sqlite_url: str,
+) -> None:
+    frontier = Frontier.connect(sqlite_url)
+    try:
+        job_id = frontier.open_job("spider", SCHEME, now=NOW).id
+        before = frontier.round_trips
+        assert add(frontier, job_id, [req(f"n{i}") for i in range(INSERT_CHUNK)]) == {
+            f"n{i}" for i in range(INSERT_CHUNK)
+        }
+        assert frontier.round_trips - before == 1  # the INSERT, its own transaction
+        # Some keys known: the keys added are read back by the ids the statement gave.
+        before = frontier.round_trips
+        assert add(frontier, job_id, [req("n0"), req("x"), req("n1"), req("y")]) == {"x", "y"}
+        assert frontier.round_trips - before == 2
+        # More rows than one statement takes: one transaction of several statements.
+        before = frontier.round_trips
+        more = [req(f"m{i}") for i in range(INSERT_CHUNK + 1)]
+        assert len(add(frontier, job_id, more)) == INSERT_CHUNK + 1
+        assert frontier.round_trips - before == 4  # BEGIN, two INSERTs, COMMIT
+        # With anything else in the batch (an ack): a transaction, inserts first.
+        (leased,) = claim(frontier, job_id, limit=1).rows
+        before = frontier.round_trips
+        ack = Transition(leased.id, leased.token, Outcome.DONE)
+        result = frontier.write(job_id, WriteBatch(inserts=[req("z")], transitions=[ack]))
+        assert result.inserted == {"z"} and result.settled == [leased.id]
+        assert frontier.round_trips - before > 2
+        assert frontier.counts(job_id) == {"pending": 2 * INSERT_CHUNK + 3, "done": 1}
+    finally:
+        frontier.close()
+
+
+def test_a_refused_row_fails_its_whole_one_statement_insert(sqlite_url: str) -> None:
+    """The statement is the transaction: a row the database refuses leaves none of
+    its batch written (the pipeline then splits the batch to find that row), and
+    the next write works."""
+    from sqlalchemy import text
+
+    frontier = Frontier.connect(sqlite_url)
+    try:
+        job_id = frontier.open_job("spider", SCHEME, now=NOW).id
+        with frontier.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "CREATE TRIGGER no_bad BEFORE INSERT ON reliability_requests "
+                    "WHEN NEW.fingerprint = 'bad' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+                )
+            )
+        with pytest.raises(IntegrityError, match="refused"):
+            add(frontier, job_id, [req("a"), req("bad"), req("b")])
+        assert frontier.counts(job_id).get("pending", 0) == 0
+        assert add(frontier, job_id, [req("a"), req("b")]) == {"a", "b"}
+        assert fps(claim(frontier, job_id)) == ["a", "b"]
     finally:
         frontier.close()
 

@@ -405,6 +405,11 @@ def test_links_a_callback_streams_share_large_writes_while_the_worker_has_work(
     writes = _insert_commits(core, before)
     assert sum(len(c.inserted) for c in writes) == 600
     assert [len(c.inserted) for c in writes] == [256, 256, 88]
+    # SQLite writes run inline on the reactor thread, except such large ones: their
+    # statements release the GIL while the callback goes on (batches.heavy).
+    assert core.scheduler._ctx.inline
+    inline = [ok for name, ok in core.db.calls if name == "_write_on_thread"]
+    assert inline[-3:] == [False, False, True]
 
 
 def test_new_rows_are_written_at_once_when_the_worker_has_nothing_to_start(

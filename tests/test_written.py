@@ -144,8 +144,27 @@ def test_what_does_not_rebuild_exactly_is_not_kept() -> None:
     assert len(kept) == 0
 
 
-def test_kept_requests_are_bounded_by_count_and_size_oldest_first() -> None:
+def test_claimed_oldest_first_a_full_store_keeps_the_oldest() -> None:
+    """Breadth-first, the claim takes the oldest rows next: a full store keeps
+    them and does not keep newer requests until the claim has taken some."""
     kept = WrittenRequests(max_requests=3, max_chars=100)
+    requests = [Request(f"{SITE}/p/{i}") for i in range(6)]
+    for i, request in enumerate(requests[:5]):
+        kept.keep(f"k{i}", f"p{i}", request)
+    assert len(kept) == 3
+    assert kept.take("k3", "p3") is None and kept.take("k4", "p4") is None
+    assert kept.take("k0", "p0") is requests[0]
+    kept.keep("k5", "p5", requests[5])  # room again
+    assert kept.take("k1", "p1") is requests[1] and kept.take("k5", "p5") is requests[5]
+    kept.keep("big", "x" * 90, requests[3])
+    kept.keep("big2", "y" * 20, requests[4])  # over 100 characters: not kept
+    assert kept.take("big2", "y" * 20) is None
+    assert kept.take("big", "x" * 90) is requests[3]
+
+
+def test_kept_requests_are_bounded_by_count_and_size_oldest_first() -> None:
+    """Depth-first, the claim takes the newest rows next: the oldest go first."""
+    kept = WrittenRequests(max_requests=3, max_chars=100, newest_first=True)
     requests = [Request(f"{SITE}/p/{i}") for i in range(5)]
     for i, request in enumerate(requests):
         kept.keep(f"k{i}", f"p{i}", request)

@@ -161,14 +161,32 @@ class Connections:
         except WouldWait:
             raise
         except BaseException:
-            # The connection may be broken (a server gone away): the next
-            # transaction starts on a fresh one.
-            self._local.conn = None
-            with self._held_lock:
-                if conn in self._held:
-                    self._held.remove(conn)
-            self._drop(conn)
+            self._forget(conn)
             raise
+
+    @contextlib.contextmanager
+    def one_statement(self) -> Iterator[Connection]:
+        """This thread's kept connection outside any transaction, for a single
+        statement that is a transaction of its own (SQLite's autocommit: no
+        BEGIN, no COMMIT). On the thread that never waits, "database is locked"
+        raises :class:`WouldWait` (the statement changed nothing)."""
+        conn = self._connection()
+        try:
+            yield conn
+        except BaseException as exc:
+            if self._no_wait_thread == threading.get_ident() and dialect.is_busy(exc):
+                raise WouldWait(str(exc)) from exc
+            self._forget(conn)
+            raise
+
+    def _forget(self, conn: Connection) -> None:
+        """Close this thread's kept connection after an error: it may be broken (a
+        server gone away), so the next transaction starts on a fresh one."""
+        self._local.conn = None
+        with self._held_lock:
+            if conn in self._held:
+                self._held.remove(conn)
+        self._drop(conn)
 
     def reading(self) -> contextlib.AbstractContextManager[Connection]:
         """A read-only transaction, one snapshot (on SQLite it takes no write lock)."""

@@ -37,6 +37,9 @@ class HotSql(abc.ABC):
     _LOCK_CANDIDATES = ""
     #: Appended to the insert (the keys inserted, where the dialect returns them cheaply).
     _INSERT_RETURNING = ""
+    #: New requests alone are written as one INSERT outside a transaction (one
+    #: statement is a transaction of its own: no BEGIN, no COMMIT to send).
+    ONE_STATEMENT_INSERTS = False
 
     _COLUMNS = (
         "job_id, fingerprint, state, priority, domain, url, payload, not_before, "
@@ -359,8 +362,12 @@ class SqliteHotSql(HotSql):
     context switches in a crawl). Rows come back as one JSON array instead; an
     insert tells which keys it added by its count of changed rows and the ids it
     gave them (new rows take the ids after the largest, one after the other: the
-    write lock, BEGIN IMMEDIATE, is ours); a settlement, a few rows, returns its
-    ids."""
+    write lock, BEGIN IMMEDIATE or the one statement's, is ours); a settlement, a
+    few rows, returns its ids. New requests alone are one INSERT in autocommit:
+    its commit writes the pages it changed to the WAL inside the statement's
+    step, with the GIL released."""
+
+    ONE_STATEMENT_INSERTS = True
 
     def _in(self, column: str, n: int, cast: str) -> str:
         return f"{column} IN ({', '.join([self.P] * n)})"

@@ -195,6 +195,16 @@ class WriteBatch:
             or self.successes
         )
 
+    def only_inserts(self) -> bool:
+        """Whether the batch holds new requests and nothing else."""
+        return bool(self.inserts) and not (
+            self.transitions
+            or self.dead_items
+            or self.refusals
+            or self.domain_updates
+            or self.successes
+        )
+
 
 @dataclass(frozen=True)
 class WriteResult:

@@ -47,7 +47,7 @@ from scrapy_reliability.frontier.records import (
 )
 from scrapy_reliability.frontier.recrawl import RecrawlRules
 from scrapy_reliability.frontier.schema import fingerprints
-from scrapy_reliability.frontier.transitions import WritePath
+from scrapy_reliability.frontier.transitions import INSERT_CHUNK, WritePath
 
 SQLAlchemyError = _SQLAlchemyError
 
@@ -311,6 +311,8 @@ class Frontier:
         *,
         pinned: bool = False,
     ) -> WriteResult:
+        if claim is None and self._sql.ONE_STATEMENT_INSERTS and batch.only_inserts():
+            return self._insert_alone(job_id, batch, now)
         acks = any(tr.outcome is Outcome.DONE for tr in batch.transitions)
         with self._transaction() as conn:
             inserted, settled, lost, adapted = self._writes.apply(conn, job_id, batch, now, policy)
@@ -326,6 +328,18 @@ class Frontier:
         if acks:
             crash_point("after_ack_commit")
         return WriteResult(frozenset(inserted), settled, lost, claimed, adapted)
+
+    def _insert_alone(self, job_id: int, batch: WriteBatch, now: float) -> WriteResult:
+        """New requests alone: one INSERT (up to INSERT_CHUNK rows) is a transaction
+        of its own, with no BEGIN or COMMIT to send; more rows take one transaction
+        of several statements."""
+        if len(batch.inserts) > INSERT_CHUNK:
+            with self._transaction() as conn:
+                inserted = self._writes.apply(conn, job_id, batch, now)[0]
+        else:
+            with self._db.one_statement() as conn:
+                inserted = self._sql.insert(conn, job_id, batch.inserts, now)
+        return WriteResult(frozenset(inserted), [], [])
 
     # -- the claim path ---------------------------------------------------------------------
 

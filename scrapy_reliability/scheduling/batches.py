@@ -93,6 +93,15 @@ def writes_now(batch: WriteBatch, *, max_transitions: int) -> bool:
     )
 
 
+def heavy(batch: WriteBatch) -> bool:
+    """Whether ``batch`` goes to the database thread even where writes run inline
+    (SQLite): its statements take milliseconds in C with the GIL released, during
+    which the reactor thread goes on (a callback yielding thousands of links).
+    Smaller writes stay inline: handing one to the thread and its result back
+    costs more than its statements (``bench/README.md``, "Enqueue")."""
+    return len(batch.inserts) >= STREAM_ROWS
+
+
 def streams(batch: WriteBatch, *, has_work: bool) -> bool:
     """Whether ``batch`` holds only new requests, fewer than ``STREAM_ROWS``, while
     the worker has claimed requests to start (``has_work``): they wait up to

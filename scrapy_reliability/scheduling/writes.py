@@ -36,6 +36,7 @@ from scrapy_reliability.scheduling.batches import (
     STREAM_LINGER,
     claim_inputs,
     halves,
+    heavy,
     streams,
     units,
     writes_now,
@@ -102,10 +103,9 @@ class WritePipeline:
         # The requests of the batch's inserts, by key (to log duplicates, refusals).
         self.requests: dict[str, Request] = {}
         #: Requests whose rows this worker wrote, for the claim to hand out as they are.
-        self.written = WrittenRequests()
+        self.written = WrittenRequests(newest_first=ctx.config.order == "dfs")
         self.in_flight: Future[WriteResult] | None = None
-        # The handler of the write in flight, run once: by its completion callback,
-        # or earlier by backpressure waiting for it.
+        # The write in flight's handler, run once: on completion or by backpressure.
         self._handlers: dict[Future[WriteResult], Callable[[Future[WriteResult]], None]] = {}
         self._scheduled = False
         # Parts of a failed write, written one at a time and in order before anything
@@ -253,7 +253,7 @@ class WritePipeline:
             ctx.job.id,
             batch,
             claims.spec() if claim else None,
-            inline=ctx.inline,
+            inline=ctx.inline and not heavy(batch),
         )
         self._handlers[self.in_flight] = handle
         if claim:

@@ -9,10 +9,15 @@ site breadth-first claims, within seconds, rows it wrote itself.
 A request is kept only when rebuilding its payload would give back an equal
 request that shares nothing with any other (:func:`rebuilds_exactly`), and handed
 out only when its row's payload is still the one written (a retry or redirect
-rewrites it). Bounded by count and by payload size; the oldest go first.
+rewrites it). Bounded by count and by payload size. When full, what is kept is
+what the claim takes next: rows claimed oldest first (breadth-first, Scrapy's
+default) keep the oldest requests and new ones are not kept (the claim reaches
+them last); rows claimed newest first (depth-first) drop the oldest.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from scrapy import Request
 
@@ -51,10 +56,19 @@ def rebuilds_exactly(request: Request) -> bool:
 class WrittenRequests:
     """Fingerprint -> (payload, request) of requests whose rows this worker wrote."""
 
-    def __init__(self, max_requests: int = MAX_REQUESTS, max_chars: int = MAX_CHARS) -> None:
+    def __init__(
+        self,
+        max_requests: int = MAX_REQUESTS,
+        max_chars: int = MAX_CHARS,
+        *,
+        newest_first: bool = False,
+    ) -> None:
         self._max_requests = max_requests
         self._max_chars = max_chars
-        self._kept: dict[str, tuple[str, Request]] = {}
+        self._newest_first = newest_first
+        # An OrderedDict: dropping the oldest is O(1) (``next(iter(d))`` on a plain
+        # dict walks past every slot freed at its front: O(n) per drop).
+        self._kept: OrderedDict[str, tuple[str, Request]] = OrderedDict()
         self._chars = 0
         self._handed_out = 0
 
@@ -63,17 +77,20 @@ class WrittenRequests:
 
     def keep(self, fingerprint: str, payload: str, request: Request) -> None:
         """Keep ``request``, just written as ``payload``, if it rebuilds exactly."""
+        kept = self._kept
+        if not self._newest_first and (
+            len(kept) >= self._max_requests or self._chars + len(payload) > self._max_chars
+        ):
+            return  # full of rows the claim takes before this one
         if len(payload) > self._max_chars or not rebuilds_exactly(request):
             return
-        kept = self._kept
         old = kept.pop(fingerprint, None)
         if old is not None:
             self._chars -= len(old[0])
         kept[fingerprint] = (payload, request)
         self._chars += len(payload)
         while len(kept) > self._max_requests or self._chars > self._max_chars:
-            oldest = next(iter(kept))
-            self._chars -= len(kept.pop(oldest)[0])
+            self._chars -= len(kept.popitem(last=False)[1][0])
 
     def take(self, fingerprint: str, payload: object) -> Request | None:
         """The request kept for ``fingerprint`` if its row still holds the payload

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from scrapy import Request, Spider
+from scrapy.http import Headers
 from w3lib.url import safe_url_string
 
 from scrapy_reliability.scheduling.meta import TRANSIENT_META
@@ -80,6 +81,10 @@ def _method_name(spider: Spider, func: Any, role: str, request: Request) -> str 
     )
 
 
+# Scrapy's Headers, where it is a dict of normalized keys to lists of bytes.
+_DICT_HEADERS = Headers if issubclass(Headers, dict) else None
+
+
 def request_to_payload(request: Request, spider: Spider) -> str:
     """Serialize ``request`` to a JSON string of ASCII characters, which
     :func:`payload_to_request` rebuilds in any worker of this spider.
@@ -93,10 +98,13 @@ def request_to_payload(request: Request, spider: Spider) -> str:
     data: dict[str, Any] = {"v": PAYLOAD_VERSION, "url": request.url}
     if request.method != "GET":
         data["method"] = request.method
-    if request.headers:
+    headers = request.headers
+    if headers:
+        # Scrapy's Headers is a dict of normalized keys to lists of bytes: its own
+        # items() normalizes each key again.
+        items = dict.items(headers) if type(headers) is _DICT_HEADERS else headers.items()
         data["headers"] = [
-            [k.decode("latin-1"), [v.decode("latin-1") for v in vs]]
-            for k, vs in request.headers.items()
+            [k.decode("latin-1"), [v.decode("latin-1") for v in vs]] for k, vs in items
         ]
     if request.body:
         try:

@@ -98,6 +98,16 @@ def extract_revision(root: Path, rev: str) -> tuple[Path, str]:
     return dest, f"scrapy_reliability at {rev} ({commit[:10]}) {package_fingerprint(dest)}"
 
 
+def extract_revision_into(root: Path, rev: str) -> tuple[Path, str]:
+    """:func:`extract_revision`; on failure the work directory ``root`` is removed
+    before the error goes on."""
+    try:
+        return extract_revision(root, rev)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
 def crawl_env(*, reliability: bool, package_root: Path | None = None) -> dict[str, str]:
     """The crawl child's environment; scrapy_reliability is imported from
     ``package_root`` (default: :data:`PACKAGE_ROOT`), first on PYTHONPATH after bench/

@@ -52,7 +52,7 @@ import _common
 from _common import (
     PG_ADMIN_URL,
     PostgresDatabase,
-    extract_revision,
+    extract_revision_into,
     machine_line,
     median,
     run_crawl,
@@ -223,11 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     code = snapshot_package(root)
     rev_code = ""
     if args.baseline_rev:
-        try:
-            args.rev_root, rev_code = extract_revision(root, args.baseline_rev)
-        except BaseException:
-            shutil.rmtree(root, ignore_errors=True)
-            raise
+        args.rev_root, rev_code = extract_revision_into(root, args.baseline_rev)
         rev_code = f"; {previous}: {rev_code}"
     from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     PG_ADMIN_URL,
     PostgresDatabase,
-    extract_revision,
+    extract_revision_into,
     machine_line,
     median,
     run_crawl,
@@ -207,11 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     code = snapshot_package(root)
     rels = [rel]
     if args.baseline_rev:
-        try:
-            args.rev_root, rev_code = extract_revision(root, args.baseline_rev)
-        except BaseException:
-            shutil.rmtree(root, ignore_errors=True)
-            raise
+        args.rev_root, rev_code = extract_revision_into(root, args.baseline_rev)
         rels.append(f"{rel}@{args.baseline_rev}")
         code += f"; {rels[1]}: {rev_code}"
     from scrapy_reliability.testing.site import SiteConfig, SiteProcess

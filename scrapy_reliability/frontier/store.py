@@ -311,7 +311,12 @@ class Frontier:
         *,
         pinned: bool = False,
     ) -> WriteResult:
-        if claim is None and self._sql.ONE_STATEMENT_INSERTS and batch.only_inserts():
+        if (
+            claim is None
+            and self._sql.ONE_STATEMENT_INSERTS
+            and batch.only_inserts()
+            and len(batch.inserts) <= INSERT_CHUNK
+        ):
             return self._insert_alone(job_id, batch, now)
         acks = any(tr.outcome is Outcome.DONE for tr in batch.transitions)
         with self._transaction() as conn:
@@ -330,15 +335,11 @@ class Frontier:
         return WriteResult(frozenset(inserted), settled, lost, claimed, adapted)
 
     def _insert_alone(self, job_id: int, batch: WriteBatch, now: float) -> WriteResult:
-        """New requests alone: one INSERT (up to INSERT_CHUNK rows) is a transaction
-        of its own, with no BEGIN or COMMIT to send; more rows take one transaction
-        of several statements."""
-        if len(batch.inserts) > INSERT_CHUNK:
-            with self._transaction() as conn:
-                inserted = self._writes.apply(conn, job_id, batch, now)[0]
-        else:
-            with self._db.one_statement() as conn:
-                inserted = self._sql.insert(conn, job_id, batch.inserts, now)
+        """New requests alone, up to INSERT_CHUNK: one INSERT is a transaction of its
+        own, with no BEGIN or COMMIT to send (more rows take the transaction of
+        several statements)."""
+        with self._db.one_statement() as conn:
+            inserted = self._sql.insert(conn, job_id, batch.inserts, now)
         return WriteResult(frozenset(inserted), [], [])
 
     # -- the claim path ---------------------------------------------------------------------

@@ -108,18 +108,7 @@ def streams(batch: WriteBatch, *, has_work: bool) -> bool:
     ``STREAM_LINGER`` for the rest of the callback's output to share their
     transaction. A worker with nothing to start writes at once (it may be waiting
     for these very rows), and so does any batch with an ack in it."""
-    return (
-        has_work
-        and len(batch.inserts) < STREAM_ROWS
-        and bool(batch.inserts)
-        and not (
-            batch.transitions
-            or batch.dead_items
-            or batch.refusals
-            or batch.domain_updates
-            or batch.successes
-        )
-    )
+    return has_work and len(batch.inserts) < STREAM_ROWS and batch.only_inserts()
 
 
 def claim_inputs(

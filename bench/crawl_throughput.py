@@ -8,11 +8,12 @@ Variants (``--variants``, comma-separated, default all):
 * ``reliability-sqlite``   ADDONS = {"scrapy_reliability.Addon": 0}, JOBDIR (SQLite frontier)
 * ``reliability-postgres`` the add-on with RELIABILITY_DATABASE_URL = a fresh PostgreSQL
                            database (created before, dropped after each run)
-* ``reliability-sqlite@REV`` with ``--baseline-rev REV``: the reliability-sqlite crawl
-                           importing scrapy_reliability as it was at git revision REV
-                           (``git archive``), for a before/after ratio measured in the same
-                           run; every crawl records the package file it imported, and the
-                           run stops if it is not the expected copy
+* ``reliability-sqlite@REV``, ``reliability-postgres@REV`` with ``--baseline-rev REV``:
+                           each reliability variant of ``--variants`` again, importing
+                           scrapy_reliability as it was at git revision REV (``git
+                           archive``), for a before/after ratio measured in the same run;
+                           every crawl records the package file it imported, and the run
+                           stops if it is not the expected copy
 
 Every run crawls 3 hosts x ``--pages`` pages (no faults, latency 0); the spider yields one
 item per page and follows every link; no item pipeline. scrapy-reliability's per-domain
@@ -62,8 +63,6 @@ from _common import (
 
 VARIANTS = ("stock-memory", "stock-jobdir", "reliability-sqlite", "reliability-postgres")
 BASELINE = "stock-memory"
-#: The variant that --baseline-rev REV measures at REV ("reliability-sqlite@REV").
-CURRENT = "reliability-sqlite"
 
 
 def package_root_of(variant: str, args: argparse.Namespace) -> Path:
@@ -110,7 +109,7 @@ def run_variant(
     if reliability:
         settings.update(dict(kv.split("=", 1) for kv in args.set))
     db: PostgresDatabase | None = None
-    if variant == "reliability-postgres":
+    if kind == "reliability-postgres":
         db = PostgresDatabase(f"bench_tp_{os.getpid()}_{round_no}", args.pg_admin_url)
         db.__enter__()
         settings["RELIABILITY_DATABASE_URL"] = db.url
@@ -195,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--baseline-rev",
         metavar="REV",
-        help=f"also run {CURRENT}@REV: the {CURRENT} crawl importing scrapy_reliability "
-        f"as it was at git revision REV; prints {CURRENT} / {CURRENT}@REV",
+        help="also run each reliability variant as VARIANT@REV, importing "
+        "scrapy_reliability as it was at git revision REV; prints VARIANT / VARIANT@REV",
     )
     parser.add_argument(
         "--project-limits",
@@ -212,19 +211,21 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    previous = ""
+    # (variant, the same at --baseline-rev)
+    pairs: list[tuple[str, str]] = []
     if args.baseline_rev:
-        if CURRENT not in variants:
-            parser.error(f"--baseline-rev compares with {CURRENT}: add it to --variants")
-        previous = f"{CURRENT}@{args.baseline_rev}"
-        variants.insert(variants.index(CURRENT) + 1, previous)
+        pairs = [(v, f"{v}@{args.baseline_rev}") for v in variants if v.startswith("reliability")]
+        if not pairs:
+            parser.error("--baseline-rev compares reliability variants: add one to --variants")
+        for current, previous in pairs:
+            variants.insert(variants.index(current) + 1, previous)
 
     root = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
     code = snapshot_package(root)
     rev_code = ""
     if args.baseline_rev:
         args.rev_root, rev_code = extract_revision_into(root, args.baseline_rev)
-        rev_code = f"; {previous}: {rev_code}"
+        rev_code = f"; @{args.baseline_rev}: {rev_code}"
     from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 
     runs: list[dict[str, Any]] = []
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"ratio {v} / {BASELINE} = {summary[v]['ratio_to_baseline']:.2f}"
                 f"  (per round: {' '.join(f'{p:.2f}' for p in paired)})"
             )
-    if previous:
+    for current, previous in pairs:
         # Before/after: pages/s above 1 is faster now; CPU ms/page below 1 is cheaper now.
         print()
         before_after: dict[str, Any] = {}
@@ -307,16 +308,16 @@ def main(argv: list[str] | None = None) -> int:
             ("pages_per_s", "pages/s", "> 1: faster now"),
             ("cpu_ms_per_page", "cpu ms/page", "< 1: less CPU now"),
         ):
-            new, old = summary[CURRENT][f"median_{key}"], summary[previous][f"median_{key}"]
+            new, old = summary[current][f"median_{key}"], summary[previous][f"median_{key}"]
             ratio = new / old if old else math.nan
-            paired = paired_ratios(runs, CURRENT, previous, key, args.repeat)
+            paired = paired_ratios(runs, current, previous, key, args.repeat)
             before_after[key] = {
                 "ratio_of_medians": ratio,
                 "paired_ratios": paired,
                 "median_paired_ratio": median(paired),
             }
             print(
-                f"ratio {CURRENT} / {previous} {label} = {ratio:.3f} ({better})"
+                f"ratio {current} / {previous} {label} = {ratio:.3f} ({better})"
                 f"  (per round: {' '.join(f'{p:.3f}' for p in paired)};"
                 f" median {median(paired):.3f})"
             )

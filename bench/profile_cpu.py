@@ -129,7 +129,7 @@ RULES: tuple[tuple[str, str | None, str | None], ...] = (
     (_OURS + r"_crashpoints\.py$", None, None),
     (_OURS + r"frontier/(connections|dialect|records)\.py$", None, None),
     (_OURS + r"frontier/store\.py$", r"\.(_transaction|_reading)$", None),
-    (_OURS + r"frontier/hotsql\.py$", r"\.(_json_rows|_text|_in|_list|_n)$", None),
+    (_OURS + r"frontier/hotsql/", r"\.(_json_rows|_text|_in|_list|_n)$", None),
     (_OURS + r"_feeds\.py$", None, "write"),
     # the scrape-completion hook wraps Scraper.enqueue_scrape: the scraping inside it
     # is Scrapy's
@@ -151,8 +151,8 @@ RULES: tuple[tuple[str, str | None, str | None], ...] = (
     # --- claim
     (_OURS + r"frontier/claim\.py$", None, "claim"),
     (
-        _OURS + r"frontier/hotsql\.py$",
-        r"\.(candidates|_candidates_\w+|lease|_lease_sql|_claimed)$",
+        _OURS + r"frontier/hotsql/",
+        r"\.(candidates|_candidates_\w+|lease|lease_due|_due_\w+|_lease_sql|_claimed)$",
         "claim",
     ),
     (_OURS + r"frontier/store\.py$", r"\.claim$", "claim"),
@@ -163,7 +163,7 @@ RULES: tuple[tuple[str, str | None, str | None], ...] = (
     ),
     (_OURS + r"scheduling/claims\.py$", None, "claim"),
     # --- write
-    (_OURS + r"frontier/hotsql\.py$", None, "write"),
+    (_OURS + r"frontier/hotsql/", None, "write"),
     (_OURS + r"frontier/(transitions|domains|politeness|adaptive)\.py$", None, "write"),
     (_OURS + r"frontier/store\.py$", r"\._?write$", "write"),
     (_OURS + r"scheduling/(writes|batches|storage)\.py$", None, "write"),

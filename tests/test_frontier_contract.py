@@ -15,12 +15,13 @@ from concurrent.futures import Future
 
 import pytest
 from sqlalchemy import insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError
 
 from scrapy_reliability import _executor
 from scrapy_reliability._executor import DatabaseThread, WouldWait
 from scrapy_reliability.frontier import (
     ClaimResult,
+    ClaimSpec,
     Frontier,
     JobFinished,
     JobMismatch,
@@ -31,8 +32,8 @@ from scrapy_reliability.frontier import (
     WriteBatch,
     WriteResult,
 )
+from scrapy_reliability.frontier.hotsql import INSERT_CHUNK
 from scrapy_reliability.frontier.schema import requests, workers
-from scrapy_reliability.frontier.transitions import INSERT_CHUNK
 from tests.frontier_helpers import add, has_unfinished, job_state, lease_of, settle
 
 NOW = 1_000_000.0
@@ -328,6 +329,42 @@ def test_write_inserts_children_and_acks_parent(frontier: Frontier, job_id: int)
     assert result.settled == [parent.id]
     assert result.lost == []
     assert frontier.counts(job_id) == {"done": 1, "pending": 3}
+
+
+def test_a_write_carries_a_claim_of_rows_old_and_new(frontier: Frontier, job_id: int) -> None:
+    """A claim carried by a write takes the rows the write inserts too, in claim
+    order after the older ones (on PostgreSQL the write is one statement, whose
+    claim cannot see the rows it inserts: the rest is claimed after it)."""
+    add(frontier, job_id, [req("parent"), req("old1"), req("old2")])
+    (parent,) = claim(frontier, job_id, "w1", limit=1).rows
+    spec = ClaimSpec("w1", 4, LEASE)
+    result = frontier.write(
+        job_id,
+        WriteBatch(
+            inserts=[req("new1"), req("new2"), req("new3")],
+            transitions=[Transition(parent.id, parent.token, Outcome.DONE)],
+        ),
+        claim=spec,
+        now=NOW,
+    )
+    assert result.inserted == {"new1", "new2", "new3"} and result.settled == [parent.id]
+    assert result.claimed is not None
+    assert fps(result.claimed) == ["old1", "old2", "new1", "new2"]
+    assert result.claimed.next_due is None  # as many as asked
+    # Fewer rows than asked: when the next may start, as a claim alone says it.
+    first = result.claimed.rows[0]
+    result = frontier.write(
+        job_id,
+        WriteBatch(
+            inserts=[req("new4", not_before=NOW + 30)],
+            transitions=[Transition(first.id, first.token, Outcome.DONE)],
+        ),
+        claim=spec,
+        now=NOW,
+    )
+    assert result.claimed is not None and fps(result.claimed) == ["new3"]
+    assert result.claimed.next_due == NOW + 30
+    assert frontier.counts(job_id) == {"done": 2, "leased": 4, "pending": 1}
 
 
 def test_write_is_one_transaction(frontier: Frontier, job_id: int) -> None:
@@ -830,6 +867,73 @@ def test_new_requests_alone_are_one_sqlite_statement_without_begin_or_commit(
         assert result.inserted == {"z"} and result.settled == [leased.id]
         assert frontier.round_trips - before > 2
         assert frontier.counts(job_id) == {"pending": 2 * INSERT_CHUNK + 3, "done": 1}
+    finally:
+        frontier.close()
+
+
+@pytest.mark.postgres
+def test_a_postgres_write_of_new_rows_acks_and_a_claim_is_one_statement(
+    postgres_url: str,
+) -> None:
+    """New requests, plain settlements and a claim no domain limit decides are one
+    statement in autocommit: one round trip, no BEGIN or COMMIT. A batch with
+    anything else takes a transaction."""
+    frontier = Frontier.connect(postgres_url)
+    try:
+        job_id = frontier.open_job("spider", SCHEME, now=NOW).id
+        before = frontier.round_trips
+        assert add(frontier, job_id, [req(f"n{i}") for i in range(1000)]) == {
+            f"n{i}" for i in range(1000)
+        }
+        assert frontier.round_trips - before == 1
+        before = frontier.round_trips
+        leased = claim(frontier, job_id, limit=8).rows
+        assert frontier.round_trips - before == 1  # a claim alone, as many as asked
+        assert [c.fingerprint for c in leased] == [f"n{i}" for i in range(8)]
+        acks = [Transition(c.id, c.token, Outcome.DONE) for c in leased[:6]]
+        ignored = [Transition(c.id, c.token, Outcome.IGNORED) for c in leased[6:]]
+        before = frontier.round_trips
+        result = frontier.write(
+            job_id,
+            WriteBatch(inserts=[req("x"), req("n0")], transitions=acks + ignored),
+            claim=ClaimSpec("w1", 8, LEASE),
+        )
+        assert frontier.round_trips - before == 1
+        assert result.inserted == {"x"}
+        assert sorted(result.settled) == sorted(c.id for c in leased) and result.lost == []
+        assert result.claimed is not None
+        assert fps(result.claimed) == [f"n{i}" for i in range(8, 16)]
+        assert frontier.counts(job_id) == {"done": 6, "ignored": 2, "leased": 8, "pending": 985}
+        # A burial writes a dead letter: a transaction.
+        before = frontier.round_trips
+        dead = result.claimed.rows[0]
+        frontier.write(
+            job_id,
+            WriteBatch(
+                transitions=[Transition(dead.id, dead.token, Outcome.DEAD, error="HTTP 404")]
+            ),
+        )
+        assert frontier.round_trips - before > 2
+    finally:
+        frontier.close()
+
+
+@pytest.mark.postgres
+def test_a_refused_value_fails_the_whole_postgres_one_statement_write(postgres_url: str) -> None:
+    """The statement is the transaction: a value the database refuses leaves the
+    batch unwritten (no row inserted, no lease settled), and the next write works."""
+    frontier = Frontier.connect(postgres_url)
+    try:
+        job_id = frontier.open_job("spider", SCHEME, now=NOW).id
+        add(frontier, job_id, [req("parent")])
+        (parent,) = claim(frontier, job_id).rows
+        ack = Transition(parent.id, parent.token, Outcome.DONE)
+        bad = NewRequest("bad", 0, "example.com", "https://example.com/bad", "nul \x00")
+        with pytest.raises(DataError):
+            frontier.write(job_id, WriteBatch(inserts=[req("a"), bad], transitions=[ack]))
+        assert frontier.counts(job_id) == {"leased": 1}
+        result = frontier.write(job_id, WriteBatch(inserts=[req("a")], transitions=[ack]))
+        assert result.inserted == {"a"} and result.settled == [parent.id]
     finally:
         frontier.close()
 

@@ -7,6 +7,7 @@ import math
 import random
 import secrets
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import (
@@ -83,6 +84,11 @@ def _due_and_leased(job_id: int, worker_id: str) -> Any:
         .group_by(requests.c.state, requests.c.domain, mine)
     )
     return union_all(pending_part, leased_part)
+
+
+def in_claim_order(rows: list[Claimed], newest_first: bool) -> list[Claimed]:
+    """``rows`` highest priority first, then oldest (newest, depth-first) first."""
+    return sorted(rows, key=lambda c: (-c.priority, -c.id if newest_first else c.id))
 
 
 def new_token() -> str:
@@ -195,11 +201,33 @@ class Claimer:
         worker_id, states = spec.worker_id, states or {}
         if not rows:
             return self._nothing_due(conn, job_id, worker_id, policy=policy, now=now, known=states)
-        rows.sort(key=lambda c: (-c.priority, -c.id if spec.newest_first else c.id))
+        rows = in_claim_order(rows, spec.newest_first)
         if len(rows) >= spec.limit:
             return ClaimResult(rows, starts=starts)
         after = self._nothing_due(conn, job_id, worker_id, policy=policy, now=now, known=states)
         return ClaimResult(rows, after.next_due, after.leased_elsewhere, starts, ready=after.ready)
+
+    def claim_rest(
+        self,
+        conn: Connection,
+        job_id: int,
+        spec: ClaimSpec,
+        rows: list[Claimed],
+        now: float,
+        *,
+        new_rows: bool,
+    ) -> ClaimResult:
+        """A claim of ``spec`` that leased only ``rows`` in a statement that could not
+        see the rows it inserted (``new_rows``): the rest is claimed now; with no new
+        rows, what is left is when the next may start."""
+        if new_rows:
+            more = self.claim(conn, job_id, replace(spec, limit=spec.limit - len(rows)), now)
+        else:
+            policy = spec.politeness or Politeness()
+            more = self._nothing_due(conn, job_id, spec.worker_id, policy=policy, now=now, known={})
+        if not rows:
+            return more
+        return replace(more, rows=in_claim_order(rows + more.rows, spec.newest_first))
 
     def _nothing_due(
         self,

@@ -189,6 +189,16 @@ class DomainRows:
         if changed:
             conn.execute(_SET_TAT, changed)
 
+    def grown(self, job_id: int, successes: dict[str, int], policy: Politeness) -> list[str]:
+        """The domains of ``successes`` whose adaptive rate, learned below the
+        configured one, the successes may grow (the others' successes change
+        nothing)."""
+        return [
+            d
+            for d, n in successes.items()
+            if n > 0 and (job_id, d) in self._learned and policy.learns(policy.limits_for(d))
+        ]
+
     def apply_signals(
         self,
         conn: Connection,
@@ -213,11 +223,7 @@ class DomainRows:
                 pauses[tr.domain] = (tr.pause_until, tr.pause_reason)
             if tr.slow_down and policy.learns(policy.limits_for(tr.domain)):
                 throttles.setdefault(tr.domain, []).append(tr.claimed_at)
-        grown = [
-            d
-            for d, n in successes.items()
-            if n > 0 and (job_id, d) in self._learned and policy.learns(policy.limits_for(d))
-        ]
+        grown = self.grown(job_id, successes, policy)
         signalled = sorted(set(pauses) | set(throttles))
         if not signalled and not grown:
             return {}

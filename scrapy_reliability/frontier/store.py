@@ -23,11 +23,11 @@ from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import dialect, jobs
-from scrapy_reliability.frontier.claim import Claimer
+from scrapy_reliability.frontier.claim import Claimer, in_claim_order, new_token
 from scrapy_reliability.frontier.connections import Connections, open_engine
 from scrapy_reliability.frontier.domains import DomainRows
 from scrapy_reliability.frontier.errors import is_storage_failure
-from scrapy_reliability.frontier.hotsql import hot_sql
+from scrapy_reliability.frontier.hotsql import DueLease, hot_sql
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.records import (
     UNPROCESSED_CLASSES,
@@ -47,7 +47,7 @@ from scrapy_reliability.frontier.records import (
 )
 from scrapy_reliability.frontier.recrawl import RecrawlRules
 from scrapy_reliability.frontier.schema import fingerprints
-from scrapy_reliability.frontier.transitions import INSERT_CHUNK, WritePath
+from scrapy_reliability.frontier.transitions import WritePath
 
 SQLAlchemyError = _SQLAlchemyError
 
@@ -311,13 +311,13 @@ class Frontier:
         *,
         pinned: bool = False,
     ) -> WriteResult:
+        settles = self._writes.settlements_alone(job_id, batch, policy)
         if (
-            claim is None
-            and self._sql.ONE_STATEMENT_INSERTS
-            and batch.only_inserts()
-            and len(batch.inserts) <= INSERT_CHUNK
+            settles is not None
+            and (claim is None or not (claim.politeness or Politeness()).limits_anything)
+            and self._sql.writes_alone(len(batch.inserts), len(settles), claim is not None)
         ):
-            return self._insert_alone(job_id, batch, now)
+            return self._write_alone(job_id, batch, settles, claim, now, pinned=pinned)
         acks = any(tr.outcome is Outcome.DONE for tr in batch.transitions)
         with self._transaction() as conn:
             inserted, settled, lost, adapted = self._writes.apply(conn, job_id, batch, now, policy)
@@ -334,13 +334,57 @@ class Frontier:
             crash_point("after_ack_commit")
         return WriteResult(frozenset(inserted), settled, lost, claimed, adapted)
 
-    def _insert_alone(self, job_id: int, batch: WriteBatch, now: float) -> WriteResult:
-        """New requests alone, up to INSERT_CHUNK: one INSERT is a transaction of its
-        own, with no BEGIN or COMMIT to send (more rows take the transaction of
-        several statements)."""
+    def _write_alone(
+        self,
+        job_id: int,
+        batch: WriteBatch,
+        settles: list[tuple[int, str, str]],
+        claim: ClaimSpec | None,
+        now: float,
+        *,
+        pinned: bool,
+    ) -> WriteResult:
+        """A write of new requests and plain settlements, and a claim no domain
+        limit decides, as one statement that is a transaction of its own (no
+        BEGIN or COMMIT to send; see ``HotSql.write_alone``). The statement's
+        claim cannot see the rows it inserts: when it comes back short, a claim
+        of the rest follows in a transaction of its own."""
+        lease = None
+        if claim is not None:
+            claim_now = now if pinned else max(now, time.time())
+            lease = DueLease(
+                claim.limit,
+                claim.newest_first,
+                new_token(),
+                claim.worker_id,
+                claim_now + claim.lease_seconds,
+                claim_now,
+            )
+        acks = any(state == Outcome.DONE.value for _, _, state in settles)
+        if acks:
+            crash_point("before_ack_commit")
         with self._db.one_statement() as conn:
-            inserted = self._sql.insert(conn, job_id, batch.inserts, now)
-        return WriteResult(frozenset(inserted), [], [])
+            inserted, settled, rows = self._sql.write_alone(
+                conn, job_id, batch.inserts, settles=settles, lease=lease, now=now
+            )
+        if acks:
+            crash_point("after_ack_commit")
+        claimed = None
+        if claim is not None and lease is not None:
+            rows = in_claim_order(rows, claim.newest_first)
+            if len(rows) >= claim.limit:
+                claimed = ClaimResult(rows)
+            else:
+                with self._transaction() as conn:
+                    claimed = self._claims.claim_rest(
+                        conn, job_id, claim, rows, lease.now, new_rows=bool(inserted)
+                    )
+        return WriteResult(
+            frozenset(inserted),
+            [task_id for task_id, _, _ in settles if task_id in settled],
+            [task_id for task_id, _, _ in settles if task_id not in settled],
+            claimed,
+        )
 
     # -- the claim path ---------------------------------------------------------------------
 
@@ -362,8 +406,13 @@ class Frontier:
         rows that may start now. On Postgres, rows locked by a concurrent claim
         are skipped and domain rows are locked, so limits hold across workers.
         """
+        pinned = now is not None
         now = _now(now)
         spec = ClaimSpec(worker_id, limit, lease_seconds, newest_first, politeness)
+        if self._sql.writes_alone(0, 0, True) and not (politeness or Politeness()).limits_anything:
+            claimed = self._write_alone(job_id, WriteBatch(), [], spec, now, pinned=pinned).claimed
+            assert claimed is not None
+            return claimed
         with self._transaction() as conn:
             return self._claims.claim(conn, job_id, spec, now)
 

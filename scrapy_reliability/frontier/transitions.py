@@ -13,7 +13,7 @@ from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.adaptive import AdaptiveState
 from scrapy_reliability.frontier.domains import DomainRows
-from scrapy_reliability.frontier.hotsql import HotSql
+from scrapy_reliability.frontier.hotsql import INSERT_CHUNK, HotSql
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.records import (
     DeadItem,
@@ -27,8 +27,8 @@ from scrapy_reliability.frontier.records import (
 from scrapy_reliability.frontier.recrawl import Fetched, record_fetches
 from scrapy_reliability.frontier.schema import DEAD, LEASED, PENDING, dead_letters, requests
 
-# Rows per INSERT statement: far below SQLite's bound-parameter limit.
-INSERT_CHUNK = 400
+# Settlements that share one statement: the row's final state and nothing else.
+_PLAIN = (Outcome.DONE, Outcome.IGNORED)
 
 
 def cleared_lease(state: str, now: float) -> dict[str, object]:
@@ -106,6 +106,33 @@ class WritePath:
                     )
                 )
         return inserted, settled, lost, adapted
+
+    def settlements_alone(
+        self, job_id: int, batch: WriteBatch, policy: Politeness | None
+    ) -> list[tuple[int, str, str]] | None:
+        """(row, claim token, final state) of each transition, when the batch holds
+        nothing but new requests and plain settlements (done or ignored, no error,
+        nothing for the domains or recrawls to learn): what
+        :meth:`HotSql.write_alone` writes in one statement. None otherwise: the
+        batch takes :meth:`apply` in a transaction."""
+        if batch.dead_items or batch.refusals or batch.domain_updates or batch.clear_dead_letters:
+            return None
+        if batch.successes and self._domains.grown(
+            job_id, batch.successes, policy or Politeness(adaptive=None)
+        ):
+            return None
+        settles = []
+        for tr in batch.transitions:
+            if (
+                tr.outcome not in _PLAIN
+                or tr.error is not None
+                or tr.content_hash is not None
+                or tr.pause_until is not None
+                or tr.slow_down
+            ):
+                return None
+            settles.append((tr.task_id, tr.token, tr.outcome.value))
+        return settles
 
     def _insert_requests(
         self, conn: Connection, job_id: int, rows: Sequence[NewRequest], now: float
@@ -200,7 +227,7 @@ class WritePath:
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         singles: list[Transition] = []
         for tr in transitions:
-            if tr.outcome in (Outcome.DONE, Outcome.IGNORED) and tr.error is None:
+            if tr.outcome in _PLAIN and tr.error is None:
                 groups[(tr.outcome.value, tr.token)].append(tr.task_id)
             else:
                 singles.append(tr)

@@ -1,0 +1,291 @@
+"""The hot statements' texts, shared by both dialects, and what they take and
+return. The dialect subclasses (``postgres``, ``sqlite``) run them."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+
+from scrapy_reliability.frontier.records import Claimed, NewRequest
+from scrapy_reliability.frontier.recrawl import MAX_INTERVAL
+from scrapy_reliability.frontier.schema import LEASED, PENDING, domains, requests
+
+#: Rows per INSERT of a multi-row VALUES list: far below SQLite's bound-parameter limit.
+INSERT_CHUNK = 400
+
+
+@dataclass(frozen=True)
+class DueLease:
+    """A claim of due pending rows that no domain limit decides (see
+    :meth:`HotSql.lease_due`), as :meth:`HotSql.write_alone` carries it."""
+
+    limit: int
+    newest_first: bool
+    token: str
+    worker_id: str
+    expires_at: float
+    now: float
+
+
+#: What :meth:`HotSql.write_alone` returns: the fingerprints inserted, the rows
+#: settled (the others' leases were lost) and the rows leased.
+Alone = tuple[set[str], set[int], list[Claimed]]
+
+
+class HotSql(abc.ABC):
+    """The texts of the hot statements; the dialect subclasses run them."""
+
+    #: The driver's bound-parameter marker.
+    P = "?"
+    #: Appended to the candidates' SELECT (row locks, where the dialect has them).
+    _LOCK_CANDIDATES = ""
+    #: Appended to the insert (the keys inserted, where the dialect returns them cheaply).
+    _INSERT_RETURNING = ""
+
+    _COLUMNS = (
+        "job_id, fingerprint, state, priority, domain, url, payload, not_before, "
+        "attempts, created_at, updated_at"
+    )
+    _CLAIMED = (
+        "id, fingerprint, payload, attempts, priority, first_failed_at, "
+        "content_hash, content_ns, recrawl_interval, recrawl"
+    )
+
+    def __init__(self) -> None:
+        self._texts: dict[tuple[str, int], str] = {}
+        #: Statements sent past SQLAlchemy (its events do not count them).
+        self.round_trips = 0
+
+    def _text(self, key: str, n: int, build: Callable[[], str]) -> str:
+        found = self._texts.get((key, n))
+        if found is None:
+            found = self._texts[(key, n)] = build()
+        return found
+
+    # What the dialects bind differently: a list of values.
+
+    @abc.abstractmethod
+    def _in(self, column: str, n: int, cast: str) -> str:
+        """``column IN (list)`` for a list of ``n`` values of SQL type ``cast``."""
+
+    @abc.abstractmethod
+    def _list(self, values: Sequence[Any]) -> list[Any]:
+        """The parameters that bind ``values`` for :meth:`_in`."""
+
+    @abc.abstractmethod
+    def _n(self, n: int) -> int:
+        """The text cache key of a list of ``n``."""
+
+    # The statements, as the dialects run them.
+
+    @abc.abstractmethod
+    def insert(
+        self, conn: Connection, job_id: int, rows: Sequence[NewRequest], now: float
+    ) -> set[str]:
+        """Insert-or-ignore on the dedup key; the fingerprints inserted."""
+
+    @abc.abstractmethod
+    def settle(
+        self, conn: Connection, state: str, ids: Sequence[int], token: str, now: float
+    ) -> set[int]:
+        """Leased rows of one claim token to a final state; the ids that still
+        held it."""
+
+    @abc.abstractmethod
+    def candidates(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        now: float,
+        excluded: Sequence[str],
+        limit: int,
+        newest_first: bool,
+    ) -> list[tuple[int, str]]:
+        """Due pending rows (id, domain) of domains not paused (nor ``excluded``),
+        in claim order; on PostgreSQL locked, skipping rows a concurrent claim
+        holds."""
+
+    @abc.abstractmethod
+    def lease(
+        self,
+        conn: Connection,
+        ids: Sequence[int],
+        *,
+        token: str,
+        worker_id: str,
+        expires_at: float,
+        now: float,
+    ) -> list[Claimed]:
+        """Lease the rows ``ids`` (just selected, so pending) under ``token``."""
+
+    @abc.abstractmethod
+    def writes_alone(self, inserts: int, settles: int, claims: bool) -> bool:
+        """Whether :meth:`write_alone` takes a write of ``inserts`` new requests and
+        ``settles`` plain settlements, with a claim when ``claims``."""
+
+    @abc.abstractmethod
+    def write_alone(
+        self,
+        conn: Connection,
+        job_id: int,
+        rows: Sequence[NewRequest],
+        *,
+        settles: Sequence[tuple[int, str, str]],
+        lease: DueLease | None,
+        now: float,
+    ) -> Alone:
+        """A write that :meth:`writes_alone` takes, as one statement outside any
+        transaction (one statement is a transaction of its own: no BEGIN, no
+        COMMIT to send): insert-or-ignore ``rows``, settle each (row, token,
+        state) of ``settles`` that still holds its token, and with ``lease``
+        lease due pending rows. The lease does not see the rows this statement
+        inserts (one snapshot)."""
+
+    def lease_due(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        now: float,
+        limit: int,
+        newest_first: bool,
+        token: str,
+        worker_id: str,
+        expires_at: float,
+    ) -> list[Claimed]:
+        """Lease up to ``limit`` due pending rows of domains not paused, in claim
+        order, when no domain limit decides which (the candidates, then their
+        lease; PostgreSQL sends both as one statement)."""
+        candidates = self.candidates(
+            conn, job_id, now=now, excluded=(), limit=limit, newest_first=newest_first
+        )
+        if not candidates:
+            return []
+        ids = [task_id for task_id, _ in candidates]
+        return self.lease(
+            conn, ids, token=token, worker_id=worker_id, expires_at=expires_at, now=now
+        )
+
+    # Shared texts and parameters.
+
+    def _insert_sql(self, n: int) -> str:
+        p = self.P
+        one = f"({p}, {p}, '{PENDING}', {p}, {p}, {p}, {p}, {p}, 0, {p}, {p})"
+        return self._text(
+            "insert",
+            n,
+            lambda: (
+                f"INSERT INTO {requests.name} ({self._COLUMNS}) VALUES "
+                + ", ".join([one] * n)
+                + " ON CONFLICT DO NOTHING"
+                + self._INSERT_RETURNING
+            ),
+        )
+
+    @staticmethod
+    def _insert_params(job_id: int, rows: Sequence[NewRequest], now: float) -> tuple[Any, ...]:
+        params: list[Any] = []
+        for row in rows:
+            params += (
+                job_id,
+                row.fingerprint,
+                row.priority,
+                row.domain,
+                row.url,
+                row.payload,
+                row.not_before,
+                now,
+                now,
+            )
+        return tuple(params)
+
+    def _settle_sql(self, n: int) -> str:
+        p = self.P
+        return self._text(
+            "settle",
+            self._n(n),
+            lambda: (
+                f"UPDATE {requests.name} SET state = {p}, lease_token = NULL, "
+                f"worker_id = NULL, lease_expires_at = NULL, updated_at = {p} "
+                f"WHERE {self._in('id', n, 'bigint')} AND lease_token = {p} "
+                f"AND state = '{LEASED}'"
+            ),
+        )
+
+    def _candidates_sql(self, key: str, n_excluded: int, newest_first: bool) -> str:
+        p = self.P
+        return self._text(
+            key,
+            self._n(n_excluded),
+            lambda: (
+                f"SELECT id, domain, priority FROM {requests.name} "
+                f"WHERE job_id = {p} AND state = '{PENDING}' AND not_before <= {p} "
+                # No join with the domains: a subquery of the (few) paused ones keeps
+                # the plan an index scan in claim order whatever the table statistics.
+                f"AND domain NOT IN (SELECT domain FROM {domains.name} "
+                f"WHERE job_id = {p} AND paused_until > {p}) "
+                + (f"AND NOT ({self._in('domain', n_excluded, 'text')}) " if n_excluded else "")
+                + f"ORDER BY priority DESC, id {'DESC' if newest_first else 'ASC'} LIMIT {p}"
+                + self._LOCK_CANDIDATES
+            ),
+        )
+
+    @staticmethod
+    def _candidates_key(excluded: Sequence[str], newest_first: bool) -> str:
+        return f"candidates-{'dfs' if newest_first else 'bfs'}-{bool(excluded)}"
+
+    def _candidates_params(
+        self, job_id: int, now: float, excluded: Sequence[str], limit: int
+    ) -> list[Any]:
+        params: list[Any] = [job_id, now, job_id, now]
+        if excluded:
+            params += self._list(excluded)
+        params.append(limit)
+        return params
+
+    def _lease_update(self) -> str:
+        """The lease's UPDATE up to its WHERE; parameters (token, worker_id,
+        expires_at, now)."""
+        p = self.P
+        return (
+            f"UPDATE {requests.name} SET state = '{LEASED}', lease_token = {p}, "
+            f"worker_id = {p}, lease_expires_at = {p}, updated_at = {p} "
+        )
+
+    def _lease_sql(self, n: int) -> str:
+        return self._text(
+            "lease",
+            self._n(n),
+            lambda: f"{self._lease_update()}WHERE {self._in('id', n, 'bigint')}",
+        )
+
+    @staticmethod
+    def _claimed(rows: Iterable[Sequence[Any]], token: str) -> list[Claimed]:
+        return [
+            Claimed(
+                int(r[0]),
+                token,
+                str(r[1]),
+                str(r[2]),
+                int(r[3]),
+                int(r[4]),
+                None if r[5] is None else float(r[5]),
+                _text_or_none(r[6]),
+                _text_or_none(r[7]),
+                float(r[8])
+                if isinstance(r[8], (int, float)) and 0 < r[8] <= MAX_INTERVAL
+                else None,
+                _text_or_none(r[9]),
+            )
+            for r in rows
+        ]
+
+
+def _text_or_none(value: Any) -> str | None:
+    """A stored text column, or None for NULL and for anything that is not text."""
+    return value if isinstance(value, str) else None

@@ -1,0 +1,228 @@
+"""PostgreSQL's hot statements: lists as array parameters, changed rows through
+RETURNING, and a write of new requests, plain settlements and a claim as one
+statement in autocommit."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+
+from scrapy_reliability.frontier.hotsql.base import Alone, DueLease, HotSql
+from scrapy_reliability.frontier.records import Claimed, NewRequest
+from scrapy_reliability.frontier.schema import LEASED, PENDING, requests
+
+#: Lists as JSON; a value JSON cannot carry (NaN, infinity) fails its write, which
+#: is then split until that row alone is refused.
+_dumps = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+
+
+class PostgresHotSql(HotSql):
+    """PostgreSQL: a list is one array parameter (one text for every length), and
+    changed rows come back through RETURNING."""
+
+    P = "%s"
+    _LOCK_CANDIDATES = " FOR UPDATE SKIP LOCKED"
+    _INSERT_RETURNING = " RETURNING fingerprint"
+
+    def _in(self, column: str, n: int, cast: str) -> str:
+        return f"{column} = ANY({self.P}::{cast}[])"
+
+    def _list(self, values: Sequence[Any]) -> list[Any]:
+        return [list(values)]
+
+    def _n(self, n: int) -> int:
+        return 0
+
+    def insert(
+        self, conn: Connection, job_id: int, rows: Sequence[NewRequest], now: float
+    ) -> set[str]:
+        sql = self._insert_sql(len(rows))
+        return set(conn.exec_driver_sql(sql, self._insert_params(job_id, rows, now)).scalars())
+
+    def settle(
+        self, conn: Connection, state: str, ids: Sequence[int], token: str, now: float
+    ) -> set[int]:
+        params = (state, now, *self._list(ids), token)
+        sql = self._settle_sql(len(ids)) + " RETURNING id"
+        return set(conn.exec_driver_sql(sql, params).scalars())
+
+    def candidates(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        now: float,
+        excluded: Sequence[str],
+        limit: int,
+        newest_first: bool,
+    ) -> list[tuple[int, str]]:
+        sql = self._candidates_sql(
+            self._candidates_key(excluded, newest_first), len(excluded), newest_first
+        )
+        params = self._candidates_params(job_id, now, excluded, limit)
+        return [(r[0], r[1]) for r in conn.exec_driver_sql(sql, tuple(params))]
+
+    def lease(
+        self,
+        conn: Connection,
+        ids: Sequence[int],
+        *,
+        token: str,
+        worker_id: str,
+        expires_at: float,
+        now: float,
+    ) -> list[Claimed]:
+        params = (token, worker_id, expires_at, now, *self._list(ids))
+        sql = f"{self._lease_sql(len(ids))} RETURNING {self._CLAIMED}"
+        return self._claimed(conn.exec_driver_sql(sql, params), token)
+
+    def lease_due(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        now: float,
+        limit: int,
+        newest_first: bool,
+        token: str,
+        worker_id: str,
+        expires_at: float,
+    ) -> list[Claimed]:
+        # One round trip: the candidates (locked, skipping rows a concurrent claim
+        # holds) as a CTE of the lease.
+        sql = self._text(
+            "lease-due",
+            int(newest_first),
+            lambda: f"WITH {self._due_ctes(newest_first)} SELECT {self._CLAIMED} FROM got",
+        )
+        lease = DueLease(limit, newest_first, token, worker_id, expires_at, now)
+        params = tuple(self._due_params(job_id, lease))
+        return self._claimed(conn.exec_driver_sql(sql, params), token)
+
+    def _due_ctes(self, newest_first: bool) -> str:
+        """``due``: the candidates, locked, skipping rows a concurrent claim holds;
+        ``got``: their lease, returning the claimed columns."""
+        key = self._candidates_key((), newest_first)
+        returning = ", ".join(f"{requests.name}.{c.strip()}" for c in self._CLAIMED.split(","))
+        return (
+            f"due AS ({self._candidates_sql(key, 0, newest_first)}), "
+            f"got AS ({self._lease_update()}FROM due WHERE {requests.name}.id = due.id "
+            f"RETURNING {returning})"
+        )
+
+    def _due_params(self, job_id: int, lease: DueLease) -> list[Any]:
+        return [
+            *self._candidates_params(job_id, lease.now, (), lease.limit),
+            lease.token,
+            lease.worker_id,
+            lease.expires_at,
+            lease.now,
+        ]
+
+    # -- a write in one statement -------------------------------------------------------------
+
+    def writes_alone(self, inserts: int, settles: int, claims: bool) -> bool:
+        # Lists are array parameters: one text for any number of rows.
+        return bool(inserts or settles or claims)
+
+    def write_alone(
+        self,
+        conn: Connection,
+        job_id: int,
+        rows: Sequence[NewRequest],
+        *,
+        settles: Sequence[tuple[int, str, str]],
+        lease: DueLease | None,
+        now: float,
+    ) -> Alone:
+        # Data-modifying CTEs: the new rows, the settlements and the lease, each
+        # aggregated into one column of the one row the statement returns.
+        newest_first = None if lease is None else lease.newest_first
+        sql = self._text(
+            f"alone-{bool(rows)}-{bool(settles)}-{newest_first}",
+            0,
+            lambda: self._alone_sql(bool(rows), bool(settles), newest_first),
+        )
+        # Lists go as one JSON text each: psycopg dumps a str in C, and an array
+        # element by element in Python (ten times the CPU of the whole statement).
+        params: list[Any] = []
+        if rows:
+            params += (
+                job_id,
+                now,
+                now,
+                _dumps(
+                    [
+                        (r.fingerprint, r.priority, r.domain, r.url, r.payload, r.not_before)
+                        for r in rows
+                    ]
+                ),
+            )
+        if settles:
+            params += (now, _dumps(settles))
+        if lease is not None:
+            params += self._due_params(job_id, lease)
+        inserted, settled, claimed = self._run_alone(conn, sql, params)
+        return (
+            set(inserted or ()),
+            set(settled or ()),
+            self._claimed(claimed or (), lease.token) if lease is not None else [],
+        )
+
+    def _alone_sql(self, inserts: bool, settles: bool, newest_first: bool | None) -> str:
+        p, table = self.P, requests.name
+        ctes, columns = [], []
+        if inserts:
+            ctes.append(
+                f"ins AS (INSERT INTO {table} ({self._COLUMNS}) "
+                f"SELECT {p}, t.e->>0, '{PENDING}', (t.e->>1)::integer, t.e->>2, t.e->>3, "
+                f"t.e->>4, (t.e->>5)::float8, 0, {p}, {p} "
+                f"FROM json_array_elements({p}::json) WITH ORDINALITY AS t(e, o) "
+                # Ids in the order the requests came (the claim's order among equals).
+                "ORDER BY t.o ON CONFLICT DO NOTHING RETURNING fingerprint)"
+            )
+        columns.append("(SELECT json_agg(fingerprint) FROM ins)" if inserts else "NULL")
+        if settles:
+            ctes.append(
+                f"done AS (UPDATE {table} AS r SET state = v.e->>2, lease_token = NULL, "
+                f"worker_id = NULL, lease_expires_at = NULL, updated_at = {p} "
+                f"FROM json_array_elements({p}::json) AS v(e) "
+                f"WHERE r.id = (v.e->>0)::bigint AND r.lease_token = v.e->>1 "
+                f"AND r.state = '{LEASED}' RETURNING r.id)"
+            )
+        columns.append("(SELECT json_agg(id) FROM done)" if settles else "NULL")
+        if newest_first is not None:
+            ctes.append(self._due_ctes(newest_first))
+            columns.append(f"(SELECT json_agg(json_build_array({self._CLAIMED})) FROM got)")
+        else:
+            columns.append("NULL")
+        return f"WITH {', '.join(ctes)} SELECT {', '.join(columns)}"
+
+    def _run_alone(self, conn: Connection, sql: str, params: Sequence[Any]) -> Sequence[Any]:
+        """Run ``sql`` on the driver's connection in autocommit (no BEGIN, no
+        COMMIT: the statement is the transaction); its one row. Errors come out
+        as SQLAlchemy's would, without the parameters (the requests' data)."""
+        self.round_trips += 1
+        driver: Any = conn.connection.driver_connection
+        driver.autocommit = True
+        try:
+            row: Sequence[Any] | None = driver.execute(sql, params).fetchone()
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise DBAPIError.instance(
+                sql,
+                None,
+                exc,
+                conn.dialect.loaded_dbapi.Error,
+                hide_parameters=True,
+                connection_invalidated=bool(driver.broken or driver.closed),
+            ) from exc
+        finally:
+            with contextlib.suppress(Exception):  # a broken connection is dropped anyway
+                driver.autocommit = False
+        assert row is not None
+        return row

@@ -1,0 +1,161 @@
+"""SQLite's hot statements: one parameter per list value, rows back as one JSON
+array, on the driver's connection."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+
+from scrapy_reliability.frontier.hotsql.base import INSERT_CHUNK, Alone, DueLease, HotSql
+from scrapy_reliability.frontier.records import Claimed, NewRequest
+from scrapy_reliability.frontier.schema import requests
+
+
+class SqliteHotSql(HotSql):
+    """SQLite: one parameter per list value, and no statement returns one row per
+    new request.
+
+    Python's sqlite3 releases the GIL for every row it steps through, and each
+    release hands the GIL to the reactor thread and back (tens of thousands of
+    context switches in a crawl). Rows come back as one JSON array instead; an
+    insert tells which keys it added by its count of changed rows and the ids it
+    gave them (new rows take the ids after the largest, one after the other: the
+    write lock, BEGIN IMMEDIATE or the one statement's, is ours); a settlement, a
+    few rows, returns its ids. New requests alone are one INSERT in autocommit:
+    its commit writes the pages it changed to the WAL inside the statement's
+    step, with the GIL released."""
+
+    def writes_alone(self, inserts: int, settles: int, claims: bool) -> bool:
+        # New requests alone: SQLite has no data-modifying CTE to carry the rest.
+        return not (settles or claims) and 0 < inserts <= INSERT_CHUNK
+
+    def write_alone(
+        self,
+        conn: Connection,
+        job_id: int,
+        rows: Sequence[NewRequest],
+        *,
+        settles: Sequence[tuple[int, str, str]],
+        lease: DueLease | None,
+        now: float,
+    ) -> Alone:
+        assert not settles and lease is None
+        return self.insert(conn, job_id, rows, now), set(), []
+
+    def _in(self, column: str, n: int, cast: str) -> str:
+        return f"{column} IN ({', '.join([self.P] * n)})"
+
+    def _list(self, values: Sequence[Any]) -> list[Any]:
+        return list(values)
+
+    def _n(self, n: int) -> int:
+        return n
+
+    def _execute(self, conn: Connection, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
+        """Run ``sql`` on the driver's connection, inside ``conn``'s transaction:
+        SQLAlchemy's statement machinery (events, execution context, result) costs
+        more Python than a small write's statements take in SQLite. Errors come out
+        as SQLAlchemy's would (storage failures are told from refused values by
+        their class)."""
+        self.round_trips += 1
+        driver: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+        try:
+            return driver.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(sql, params, exc, sqlite3.Error) from exc
+
+    def _json_rows(self, conn: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+        row = self._execute(conn, sql, tuple(params)).fetchone()
+        found = row[0] if row else None
+        return list(json.loads(found)) if found else []
+
+    def insert(
+        self, conn: Connection, job_id: int, rows: Sequence[NewRequest], now: float
+    ) -> set[str]:
+        cursor = self._execute(
+            conn, self._insert_sql(len(rows)), self._insert_params(job_id, rows, now)
+        )
+        added = cursor.rowcount
+        if added == len(rows):
+            return {row.fingerprint for row in rows}
+        if added <= 0:
+            return set()
+        # Some keys were known: the rows added took the ids up to lastrowid.
+        last = cursor.lastrowid
+        assert last is not None
+        p = self.P
+        added_sql = self._text(
+            "added",
+            0,
+            lambda: (
+                f"SELECT json_group_array(fingerprint) FROM {requests.name} "
+                f"WHERE id > {p} AND id <= {p}"
+            ),
+        )
+        return set(self._json_rows(conn, added_sql, [last - added, last]))
+
+    def settle(
+        self, conn: Connection, state: str, ids: Sequence[int], token: str, now: float
+    ) -> set[int]:
+        params = (state, now, *self._list(ids), token)
+        sql = self._text(
+            "settle-returning", len(ids), lambda: self._settle_sql(len(ids)) + " RETURNING id"
+        )
+        return {int(row[0]) for row in self._execute(conn, sql, params).fetchall()}
+
+    def candidates(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        now: float,
+        excluded: Sequence[str],
+        limit: int,
+        newest_first: bool,
+    ) -> list[tuple[int, str]]:
+        key = self._candidates_key(excluded, newest_first)
+        sql = self._candidates_sql(key, len(excluded), newest_first)
+        rows = self._json_rows(
+            conn,
+            self._text(
+                "json-" + key,
+                self._n(len(excluded)),
+                lambda: f"SELECT json_group_array(json_array(id, domain, priority)) FROM ({sql})",
+            ),
+            self._candidates_params(job_id, now, excluded, limit),
+        )
+        # The aggregate's order is not guaranteed: claim order again.
+        rows.sort(key=lambda r: (-r[2], -r[0] if newest_first else r[0]))
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    def lease(
+        self,
+        conn: Connection,
+        ids: Sequence[int],
+        *,
+        token: str,
+        worker_id: str,
+        expires_at: float,
+        now: float,
+    ) -> list[Claimed]:
+        params = (token, worker_id, expires_at, now, *self._list(ids))
+        self._execute(conn, self._lease_sql(len(ids)), params)
+        rows = self._json_rows(
+            conn,
+            self._text(
+                "leased",
+                len(ids),
+                lambda: (
+                    "SELECT json_group_array(json_array("
+                    f"{self._CLAIMED})) FROM {requests.name} "
+                    f"WHERE {self._in('id', len(ids), 'bigint')}"
+                ),
+            ),
+            ids,
+        )
+        return self._claimed(rows, token)

@@ -14,7 +14,7 @@ For each backend and size: a fresh frontier (``Frontier.connect``, so at the sch
 head, with the index), one job of N pending rows spread over ``--domains`` domains with
 random ``not_before`` and 64 rows leased by two workers, filled with one bulk INSERT
 (``executemany``; PostgreSQL then ``VACUUM ANALYZE``). Timed, ``--repeat`` times each,
-alternating: the query the claim runs now (``frontier.claim._due_and_leased``) and the
+alternating: the query the claim runs now (``frontier.claim.DUE_AND_LEASED``) and the
 old ``GROUP BY`` statement (kept here, verbatim); each in its own transaction. Both must
 return the same earliest ``not_before`` per domain and the same leased counts, or the
 benchmark stops. Prints the medians and their ratio.
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _common import PG_ADMIN_URL, PostgresDatabase  # noqa: E402
 
 from scrapy_reliability.frontier import Frontier  # noqa: E402
-from scrapy_reliability.frontier.claim import _due_and_leased  # noqa: E402
+from scrapy_reliability.frontier.claim import DUE_AND_LEASED  # noqa: E402
 from scrapy_reliability.frontier.schema import LEASED, PENDING, requests  # noqa: E402
 
 WORKER = "w1"
@@ -121,7 +121,7 @@ def measure(url: str, rows: int, domains: int, repeat: int) -> dict[str, float]:
         job_id = fill(frontier, rows, domains)
         fill_s = time.perf_counter() - started
         statements = {
-            "index walk": _due_and_leased(job_id, WORKER),
+            "index walk": DUE_AND_LEASED.params(job_id=job_id, worker_id=WORKER),
             "GROUP BY": old_statement(job_id, WORKER),
         }
         times: dict[str, list[float]] = {name: [] for name in statements}

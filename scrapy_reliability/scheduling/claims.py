@@ -78,6 +78,8 @@ class ClaimBuffer:
         self._foreign_until = 0.0
         self._wake_call: Any = None
         self._held_call: Any = None
+        # The latest start time given to a claimed request: none buffered waits after it.
+        self._latest_start = 0.0
         # From the last claim that found fewer rows than asked: when each domain with
         # pending rows may start (ClaimResult.ready); None: unknown.
         self._ready: dict[str, float] | None = None
@@ -233,6 +235,7 @@ class ClaimBuffer:
             claimed_at=self.ctx.clock.seconds(),
             send_at=send_at,
         )
+        self._latest_start = max(self._latest_start, send_at)
         self.leases.add(lease)
         try:
             request = self.writes.written.take(row.fingerprint, row.payload)
@@ -354,6 +357,8 @@ class ClaimBuffer:
         """By domain: when the last of this worker's buffered requests waiting for
         their token's time starts."""
         held: dict[str, float] = {}
+        if self._latest_start <= self.ctx.clock.seconds():
+            return held  # none waits (no request of a paced domain is buffered)
         for request in self.ready:
             lease = self.leases.of(request)
             if lease is not None and lease.send_at > held.get(lease.domain, 0.0):

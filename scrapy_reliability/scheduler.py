@@ -98,7 +98,11 @@ class Scheduler(BaseScheduler):
             wait_until=lambda when: self._claims.wait_until(when),  # noqa: PLW0108
         )
         self._writes = WritePipeline(
-            ctx, self._leases, self._storage, dupefilter, lambda: engine.wake_engine(crawler)
+            ctx,
+            self._leases,
+            self._storage,
+            dupefilter,
+            lambda: self._claims.wake_engine(),  # noqa: PLW0108 (built below)
         )
         self._outcomes = Outcomes(ctx, self._leases, self._writes, self._politeness, self.policy)
         self._claims = ClaimBuffer(
@@ -254,13 +258,21 @@ class Scheduler(BaseScheduler):
         """A claimed request whose download slot has room, or None (and a claim
         starts; its callback wakes the engine). Never waits for the database."""
         claims = self._claims
+        request = self._next_request(claims)
+        claims.starved = request is None
+        return request
+
+    def _next_request(self, claims: ClaimBuffer) -> Request | None:
         # Leases handed to the engine and not yet settled in the database: the
         # requests a kill -9 now would fetch again. Bounded, so a crash costs at
         # most this many refetches however far the scraper lags the downloader.
         # Burials held back by a failing dead-letter write do not count: they must not
         # stall the crawl (after a crash they are fetched again, as failed requests are).
-        held = self._writes.held_transitions()
-        if len(self._leases) - len(claims.ready) - held >= self.max_in_flight:
+        in_flight = len(self._leases) - len(claims.ready)
+        if in_flight >= self.max_in_flight and (
+            not self._writes.split
+            or in_flight - self._writes.held_transitions() >= self.max_in_flight
+        ):
             return None
         if self._politeness.paused:
             claims.ready = self._outcomes.return_paused(claims.ready)

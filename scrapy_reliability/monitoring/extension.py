@@ -86,7 +86,10 @@ class CrawlMonitor:
         cs.connect(self._opened, signal=signals.spider_opened)
         cs.connect(self._closed, signal=signals.spider_closed)
         cs.connect(self._response, signal=signals.response_downloaded)
-        settled.listen(crawler, self._settled)
+        if self.settings.json_logs:
+            settled.listen(crawler, self._settled)
+        else:
+            settled.count(crawler, self._count)
         if self.settings.json_logs:
             cs.connect(self._fetch_started, signal=signals.request_reached_downloader)
             cs.connect(self._bytes, signal=signals.bytes_received)
@@ -215,22 +218,26 @@ class CrawlMonitor:
             if attempt is not None:
                 attempt.callback_error = f"{type(failure.value).__name__}: {failure.value}"
 
-    def _settled(self, event: reliability_signals.Settled) -> None:
-        attempt = self._attempts.pop(event.task_id, None) or Attempt()
-        status = event.status if event.status is not None else attempt.status
+    def _count(self, domain: str, outcome: str, status: int | None, error: str | None) -> None:
+        """A committed outcome, counted (``settled.count``)."""
         download_error = None
-        if status is None and event.error and event.outcome in ("retry", "dead"):
-            download_error = event.error.split(":", 1)[0].strip() or "error"
-        self.counters.outcome(event.domain, event.outcome, download_error)
-        if event.outcome == "done":
+        if status is None and error and outcome in ("retry", "dead"):
+            download_error = error.split(":", 1)[0].strip() or "error"
+        self.counters.outcome(domain, outcome, download_error)
+        if outcome == "done":
             self._interval_done += 1
             self._done += 1
-        if self.settings.json_logs:
-            fields = request_event(event, attempt, policy=self.config.canonical)
-            level = {"dead": logging.ERROR, "retry": logging.WARNING}.get(
-                event.outcome, logging.ERROR if attempt.callback_error else logging.INFO
-            )
-            request_logger.log(level, event_message(fields), extra={"reliability_event": fields})
+
+    def _settled(self, event: reliability_signals.Settled) -> None:
+        """A committed outcome, counted and logged as a JSON request event."""
+        attempt = self._attempts.pop(event.task_id, None) or Attempt()
+        status = event.status if event.status is not None else attempt.status
+        self._count(event.domain, event.outcome, status, event.error)
+        fields = request_event(event, attempt, policy=self.config.canonical)
+        level = {"dead": logging.ERROR, "retry": logging.WARNING}.get(
+            event.outcome, logging.ERROR if attempt.callback_error else logging.INFO
+        )
+        request_logger.log(level, event_message(fields), extra={"reliability_event": fields})
 
     # -- the periodic summary -----------------------------------------------------------------
 

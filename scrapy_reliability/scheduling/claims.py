@@ -65,6 +65,8 @@ class ClaimBuffer:
         self._hand_back_or_bury = hand_back_or_bury
         self._bury_unbuildable = bury_unbuildable
         self.ready: deque[Request] = deque()
+        #: The engine's last next_request() got None: it waits for a wake-up.
+        self.starved = True
         self.in_flight: Future[Any] | None = None
         self.wanted = False
         self._poll_delay = _FIRST_POLL_SECONDS
@@ -398,7 +400,11 @@ class ClaimBuffer:
         self.wake_engine()
 
     def wake_engine(self) -> None:
-        engine.wake_engine(self.ctx.crawler)
+        """Ask the engine for a request again, if it waits for one: its last
+        next_request() got None. (While it gets requests it asks again by itself,
+        as soon as the downloader has room.)"""
+        if self.starved:
+            engine.wake_engine(self.ctx.crawler)
 
     def stop(self) -> int:
         """Closing: no wake-up; returns how many buffered requests never started."""

@@ -31,11 +31,15 @@ STAT_OF = {
 logger = logging.getLogger("scrapy_reliability.scheduler")
 
 Receiver = Callable[[reliability_signals.Settled], None]
+#: ``counter(domain, outcome, status, error)``: a committed outcome, without its event.
+Counter = Callable[[str, str, int | None, str | None], None]
 
 # Receivers called directly, by crawler: this package's own monitor, which listens in
 # every crawl. Dispatching the signal through pydispatch for every ack cost more than
-# what the monitor does with the event (bench/README.md, "Where the CPU goes").
+# what the monitor does with the event (bench/README.md, "Where the CPU goes"); and
+# a monitor that only counts outcomes takes them without an event built for each.
 _DIRECT: weakref.WeakKeyDictionary[Crawler, list[Receiver]] = weakref.WeakKeyDictionary()
+_COUNTERS: weakref.WeakKeyDictionary[Crawler, list[Counter]] = weakref.WeakKeyDictionary()
 
 
 def listen(crawler: Crawler, receiver: Receiver) -> None:
@@ -44,23 +48,36 @@ def listen(crawler: Crawler, receiver: Receiver) -> None:
     _DIRECT.setdefault(crawler, []).append(receiver)
 
 
+def count(crawler: Crawler, counter: Counter) -> None:
+    """Call ``counter(domain, outcome, status, error)`` for each committed outcome
+    of ``crawler``'s scheduler (the fields of its event that counting needs)."""
+    _COUNTERS.setdefault(crawler, []).append(counter)
+
+
 @dataclass(frozen=True)
 class Receivers:
     #: Called directly (see :func:`listen`).
     direct: list[Receiver]
     #: Whether anything is connected to request_settled.
     signal: bool
+    #: Called without an event (see :func:`count`).
+    counters: list[Counter]
 
 
 def receivers(crawler: Crawler) -> Receivers | None:
     """Who listens to ``crawler``'s committed outcomes; None: nobody (the event
     is then not built)."""
-    signalled = bool(
-        dispatcher.getAllReceivers(dispatcher.Any, reliability_signals.request_settled)
-        or dispatcher.getAllReceivers(crawler, reliability_signals.request_settled)
+    # getAllReceivers is a generator (always true): ask it for one. For the crawler
+    # as sender it yields the receivers of any sender and of any signal too.
+    signalled = (
+        next(dispatcher.getAllReceivers(crawler, reliability_signals.request_settled), None)
+        is not None
     )
     direct = _DIRECT.get(crawler, [])
-    return Receivers(direct, signalled) if direct or signalled else None
+    counters = _COUNTERS.get(crawler, [])
+    if direct or signalled or counters:
+        return Receivers(direct, signalled, counters)
+    return None
 
 
 def send(crawler: Crawler, lease: Lease, tr: Transition, worker_id: str, to: Receivers) -> None:
@@ -70,6 +87,13 @@ def send(crawler: Crawler, lease: Lease, tr: Transition, worker_id: str, to: Rec
         outcome = "released"
     else:
         outcome = tr.outcome.value
+    for counter in to.counters:
+        try:
+            counter(lease.domain, outcome, tr.status, tr.error)
+        except Exception:  # as send_catch_log does: a receiver's bug stops nothing
+            logger.exception("Error caught in a request_settled counter %r", counter)
+    if not (to.direct or to.signal):
+        return
     event = reliability_signals.Settled(
         task_id=lease.task_id,
         url=lease.url,

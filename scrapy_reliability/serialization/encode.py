@@ -4,7 +4,9 @@ format: its version, the fields that hold user values, the names a callback may 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import weakref
 from typing import Any
 
 from scrapy import Request, Spider
@@ -59,9 +61,20 @@ def _is_method_name(name: str) -> bool:
     return name.isidentifier() and not (name.startswith("__") and name.endswith("__"))
 
 
+# The names of spider methods already checked (by their function): a crawl stores the
+# same few callbacks over and over.
+_METHOD_NAMES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
 def _method_name(spider: Spider, func: Any, role: str, request: Request) -> str | None:
     if func is None:
         return None
+    target = getattr(func, "__func__", None)
+    if target is not None and getattr(func, "__self__", None) is spider:
+        known = _METHOD_NAMES.get(target)
+        # Still the spider's method of that name (a spider may rebind its attributes).
+        if known is not None and getattr(getattr(spider, known, None), "__func__", None) is target:
+            return known
     name: str | None = func if isinstance(func, str) else getattr(func, "__name__", None)
     if isinstance(func, str) and _is_method_name(func):
         return func
@@ -70,9 +83,10 @@ def _method_name(spider: Spider, func: Any, role: str, request: Request) -> str 
         bound is spider
         and isinstance(name, str)
         and _is_method_name(name)
-        and getattr(getattr(spider, name, None), "__func__", None)
-        is (getattr(func, "__func__", None))
+        and getattr(getattr(spider, name, None), "__func__", None) is target
     ):
+        with contextlib.suppress(TypeError):  # a function weakref cannot refer to
+            _METHOD_NAMES[target] = name
         return name
     raise UnserializableRequest(
         f"The {role} of {request!r} ({func!r}) is not a method of the spider "
@@ -114,15 +128,15 @@ def request_to_payload(request: Request, spider: Spider) -> str:
     callback = _method_name(spider, request.callback, "callback", request)
     if callback is not None:
         data["callback"] = callback
-    errback = _method_name(spider, request.errback, "errback", request)
-    if errback is not None:
-        data["errback"] = errback
+    if request.errback is not None:
+        data["errback"] = _method_name(spider, request.errback, "errback", request)
     priority = request.priority
-    problem = _priority_problem(priority)
-    if problem:  # the row holds it in an INTEGER column as well
-        raise UnserializableRequest(f"{request!r} cannot be stored: its priority {problem}")
-    if priority:
-        data["priority"] = int(priority)  # a bool is stored as the int it is
+    if priority or type(priority) is not int:
+        problem = _priority_problem(priority)
+        if problem:  # the row holds it in an INTEGER column as well
+            raise UnserializableRequest(f"{request!r} cannot be stored: its priority {problem}")
+        if priority:
+            data["priority"] = int(priority)  # a bool is stored as the int it is
     if request.dont_filter:
         data["dont_filter"] = True
     if request.encoding != "utf-8":
@@ -146,19 +160,21 @@ def request_to_payload(request: Request, spider: Spider) -> str:
     if type(request) is not Request:
         data["class"] = f"{type(request).__module__}.{type(request).__qualname__}"
     meta = {k: v for k, v in request.meta.items() if k not in TRANSIENT_META}
-    if any(isinstance(key, str) and key.startswith("playwright") for key in meta):
-        _load_integration("playwright")
-        prepare = _meta_preparers.get("playwright")
-        if prepare is not None:
-            meta = prepare(meta, spider, request)
-    extras: tuple[tuple[str, Any], ...] = (
-        ("meta", meta),
-        ("cookies", request.cookies),
-        ("cb_kwargs", request.cb_kwargs),
-    )
-    for field, extra in extras:
-        if extra:
-            data[field] = extra
+    for key in meta:
+        if isinstance(key, str) and key.startswith("playwright"):
+            _load_integration("playwright")
+            prepare = _meta_preparers.get("playwright")
+            if prepare is not None:
+                meta = prepare(meta, spider, request)
+            break
+    if meta:
+        data["meta"] = meta
+    cookies = request.cookies
+    if cookies:
+        data["cookies"] = cookies
+    cb_kwargs = request.cb_kwargs
+    if cb_kwargs:
+        data["cb_kwargs"] = cb_kwargs
     payload = _encode(data, spider, request)
     if _TAG in payload:
         _refuse_tag_lookalikes(data, request)
@@ -182,10 +198,33 @@ _VALUE_FIELDS = ("meta", "cookies", "cb_kwargs", "flags")
 _PLAIN_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
+def _no_codec(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# JSONEncoder.encode builds its C encoder at every call (half of what encoding a
+# request costs): this one is built once. Without the circular-reference markers (a
+# dict shared between calls), a cycle raises RecursionError, caught like the rest.
+_C_ENCODER = (
+    json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+        None, _no_codec, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False
+    )
+    if json.encoder.c_make_encoder is not None  # type: ignore[attr-defined]
+    else None
+)
+
+
+def _plain_json(data: dict[str, Any]) -> str:
+    """``data`` as compact ASCII JSON (no NaN or Infinity), as ``_PLAIN_JSON`` writes it."""
+    if _C_ENCODER is None:
+        return _PLAIN_JSON.encode(data)
+    return "".join(_C_ENCODER(data, 0))
+
+
 def _encode(data: dict[str, Any], spider: Spider, request: Request) -> str:
     try:
         # Plain JSON values (most requests): no codec, so no spider context.
-        return _not_too_deep(_PLAIN_JSON.encode(data))
+        return _not_too_deep(_plain_json(data))
     except _UNWRITABLE:
         pass
     with _for_spider(spider):

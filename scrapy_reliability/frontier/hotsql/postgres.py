@@ -213,13 +213,19 @@ class PostgresHotSql(HotSql):
         try:
             row: Sequence[Any] | None = driver.execute(sql, params).fetchone()
         except conn.dialect.loaded_dbapi.Error as exc:
+            lost = bool(driver.broken or driver.closed)
+            if lost:
+                # As SQLAlchemy does on a disconnect: the pool must not reset
+                # (ROLLBACK) a lost connection, which fails with a traceback.
+                with contextlib.suppress(Exception):
+                    conn.invalidate(exc)
             raise DBAPIError.instance(
                 sql,
                 None,
                 exc,
                 conn.dialect.loaded_dbapi.Error,
                 hide_parameters=True,
-                connection_invalidated=bool(driver.broken or driver.closed),
+                connection_invalidated=lost,
             ) from exc
         finally:
             with contextlib.suppress(Exception):  # a broken connection is dropped anyway

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from scrapy_reliability import signals as reliability_signals
 from scrapy_reliability.frontier import Frontier, Outcome, schema
 from scrapy_reliability.scheduling import settled
+from scrapy_reliability.scheduling.batches import BUSY_LINGER
 from scrapy_reliability.scheduling.meta import RETRY_META
 from tests.protocol import Commit, Core, Fault, refused_value, storage_failure
 
@@ -350,6 +351,34 @@ def test_acks_of_a_paced_worker_linger_and_few_writes_carry_them(
     assert len(written) < 4  # four pages: one transaction each without the linger
 
 
+def test_acks_at_full_speed_linger_briefly_while_the_worker_has_work(
+    tmp_path: Path, migrated: Path
+) -> None:
+    """No rate limit: acks wait ``BUSY_LINGER`` (20 ms, capped by
+    RELIABILITY_WRITE_LINGER) while the worker holds claimed requests to start, so
+    pages a few milliseconds apart share one transaction instead of one each."""
+    for linger, most in ((0.5, 1), (0.0, 4)):
+        where = tmp_path / f"linger-{linger}"
+        where.mkdir()
+        shutil.copy(migrated, where / "frontier.sqlite")
+        core = Core(where, RELIABILITY_WRITE_LINGER=linger)
+        for i in range(12):
+            core.enqueue(f"{SITE}/p/{i}")
+        core.run()
+        requests = [core.next_request() for _ in range(4)]
+        assert core.scheduler._claims.ready and not core.scheduler._claims.holds_for_later()
+        for request in requests:
+            core.download(request)
+            core.scraped(request)
+            core.run(0.002 if linger else 0.0)  # a page every 2 ms
+        if linger:
+            assert _settled_commits(core) == []  # the acks wait for more
+            core.run(BUSY_LINGER)
+        written = _settled_commits(core)
+        assert sum(len(c.settled) for c in written) == 4
+        assert len(written) == most, [len(c.settled) for c in written]
+
+
 def test_an_ack_is_written_at_once_when_the_worker_holds_nothing_or_linger_is_off(
     tmp_path: Path, migrated: Path
 ) -> None:
@@ -581,7 +610,7 @@ def test_counts_of_the_request_path_reach_the_stats_by_each_write(core: Core) ->
     request = core.next_request()
     core.download(request)
     core.scraped(request)
-    core.run()
+    core.run(BUSY_LINGER)  # the worker holds two more: the ack lingers that long
     assert core.stats.get_value("reliability/dequeued") == 1
     assert core.stats.get_value("reliability/acked") == 1
 

@@ -26,6 +26,11 @@ LINGER_ROWS = 64
 #: transaction's fixed cost was paid every 16 rows; bench/README.md, "Enqueue").
 STREAM_LINGER = 0.05
 STREAM_ROWS = 256
+#: At full speed (no request held for a token's time), acks and new links wait this
+#: long for more while the worker has claimed requests to start: a transaction every
+#: few pages instead of one every page or two; RELIABILITY_WRITE_LINGER caps it (a
+#: kill -9 fetches again the pages of the last BUSY_LINGER, a few).
+BUSY_LINGER = 0.02
 #: This many changes refused one after the other, each alone, with no write in
 #: between: the database refuses everything, not one value; the crawl stops.
 SYSTEMATIC_FAILURES = 25
@@ -100,6 +105,19 @@ def heavy(batch: WriteBatch) -> bool:
     Smaller writes stay inline: handing one to the thread and its result back
     costs more than its statements (``bench/README.md``, "Enqueue")."""
     return len(batch.inserts) >= STREAM_ROWS
+
+
+def linger(streaming: bool, paced: bool, write_linger: float) -> float:
+    """How long a write that nothing waits for lingers: new requests alone
+    (``streaming``) briefly, for the rest of their callback's output; the rest up
+    to ``RELIABILITY_WRITE_LINGER`` while the worker is ``paced`` by a rate limit
+    (it holds a request waiting for its token's time), ``BUSY_LINGER`` at full
+    speed."""
+    if streaming:
+        return STREAM_LINGER
+    if paced:
+        return write_linger
+    return min(BUSY_LINGER, write_linger)
 
 
 def streams(batch: WriteBatch, *, has_work: bool) -> bool:

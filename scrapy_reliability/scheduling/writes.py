@@ -33,10 +33,10 @@ from scrapy_reliability.frontier.store import is_storage_failure
 from scrapy_reliability.scheduling import refusals, settled
 from scrapy_reliability.scheduling.batches import (
     MAX_BUFFERED,
-    STREAM_LINGER,
     claim_inputs,
     halves,
     heavy,
+    linger,
     streams,
     units,
     writes_now,
@@ -146,19 +146,16 @@ class WritePipeline:
 
     def urgent(self) -> bool:
         """Whether the buffered changes should be written now rather than linger
-        (``RELIABILITY_WRITE_LINGER``) for more to join them or for a claim to carry
-        them. They linger only while the worker is paced by a rate limit (it holds
-        a request waiting for its token's time): a crawl at full speed writes as
-        before. Written now also when the batch is large or ends enough leases to
-        hold back the engine's in-flight bound, when a domain is to be paused or
-        slowed down (other workers should know at once), and for the parts of a
-        failed write. New requests alone wait briefly for more (``streaming()``)."""
+        (``batches.linger``) for more to join them or for a claim to carry them:
+        when the worker holds no claimed request to start (the engine may wait for
+        these very rows, or the crawl is ending), with ``RELIABILITY_WRITE_LINGER``
+        0, for the parts of a failed write, and as ``writes_now`` says."""
         if self.streaming():
             return False
         return (
             self.ctx.config.write_linger <= 0
             or bool(self.split)
-            or not self.claims.holds_for_later()
+            or not self.claims.ready
             or writes_now(self.batch, max_transitions=self.urgent_transitions)
         )
 
@@ -192,7 +189,8 @@ class WritePipeline:
         self._lingering = not self.urgent()
         delay = 0.0
         if self._lingering:
-            delay = STREAM_LINGER if self.streaming() else self.ctx.config.write_linger
+            paced = self.claims.holds_for_later()
+            delay = linger(self.streaming(), paced, self.ctx.config.write_linger)
             # A claim due before the linger ends carries the batch: wait for it
             # (a hair longer, so that its timer runs first).
             claim_in = self.claims.next_claim_at() - self.ctx.clock.seconds()

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from scrapy_reliability import signals as reliability_signals
 from scrapy_reliability.frontier import Frontier, Outcome, schema
 from scrapy_reliability.scheduling import settled
-from scrapy_reliability.scheduling.batches import BUSY_LINGER
+from scrapy_reliability.scheduling.batches import BUSY_LINGER, HEAVY_ROWS, STREAM_ROWS
 from scrapy_reliability.scheduling.meta import RETRY_META
 from tests.protocol import Commit, Core, Fault, refused_value, storage_failure
 
@@ -421,23 +421,25 @@ def test_links_a_callback_streams_share_large_writes_while_the_worker_has_work(
 ) -> None:
     """New rows alone wait briefly (``STREAM_LINGER``, up to ``STREAM_ROWS``) for the
     rest of a callback's output while the worker holds claimed requests to start:
-    600 links yielded over 38 reactor turns take 3 transactions, not 38."""
+    2,100 links yielded over 132 reactor turns take 3 transactions, not 132."""
     for i in range(20):
         core.enqueue(f"{SITE}/p/{i}")
     core.run()
     core.next_request()
     assert core.scheduler._claims.ready  # the worker has work: nothing waits for the rows
     before = len(core.frontier.commits)
-    for i in range(600):
+    links = 2 * STREAM_ROWS + 52
+    for i in range(links):
         core.enqueue(f"{SITE}/q/{i}")
         if i % 16 == 15:
             core.run()  # a reactor turn: a write due "soon" runs now
     core.run(0.1)
     writes = _insert_commits(core, before)
-    assert sum(len(c.inserted) for c in writes) == 600
-    assert [len(c.inserted) for c in writes] == [256, 256, 88]
-    # SQLite writes run inline on the reactor thread, except such large ones: their
-    # statements release the GIL while the callback goes on (batches.heavy).
+    assert sum(len(c.inserted) for c in writes) == links
+    assert [len(c.inserted) for c in writes] == [STREAM_ROWS, STREAM_ROWS, 52]
+    # SQLite writes run inline on the reactor thread, except large ones (HEAVY_ROWS):
+    # their statements release the GIL while the callback goes on (batches.heavy).
+    assert 52 < HEAVY_ROWS <= STREAM_ROWS
     assert core.scheduler._ctx.inline
     inline = [ok for name, ok in core.db.calls if name == "_write_on_thread"]
     assert inline[-3:] == [False, False, True]

@@ -23,9 +23,13 @@ LINGER_ROWS = 64
 #: this long, or until STREAM_ROWS are buffered, for more to share their transaction,
 #: while the worker has claimed requests to start: a callback that yields thousands
 #: of links writes them in large transactions, not in one per reactor turn (a
-#: transaction's fixed cost was paid every 16 rows; bench/README.md, "Enqueue").
+#: transaction's fixed cost was paid every 16 rows; bench/README.md, "Enqueue"). On
+#: SQLite each commit writes to the WAL every page of the dedup key's index its random
+#: keys touched: 1,024 rows a commit rewrite each page fewer times than 256.
 STREAM_LINGER = 0.05
-STREAM_ROWS = 256
+STREAM_ROWS = 1024
+#: New requests a write holds from which it goes to the database thread (``heavy``).
+HEAVY_ROWS = 256
 #: At full speed (no request held for a token's time), acks and new links wait this
 #: long for more while the worker has claimed requests to start: a transaction every
 #: few pages instead of one every page or two; RELIABILITY_WRITE_LINGER caps it (a
@@ -104,7 +108,7 @@ def heavy(batch: WriteBatch) -> bool:
     which the reactor thread goes on (a callback yielding thousands of links).
     Smaller writes stay inline: handing one to the thread and its result back
     costs more than its statements (``bench/README.md``, "Enqueue")."""
-    return len(batch.inserts) >= STREAM_ROWS
+    return len(batch.inserts) >= HEAVY_ROWS
 
 
 def linger(streaming: bool, paced: bool, write_linger: float) -> float:

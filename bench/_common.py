@@ -4,6 +4,7 @@ PostgreSQL databases."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -288,3 +289,36 @@ def machine_line() -> str:
         f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, Scrapy {scrapy.__version__}"
     )
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Whether ``path`` appears within ``timeout`` seconds (the crawl child's profiling
+    gate, ``BENCH_PROFILE_GATE``); False at once when the child exits without it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return True
+        if proc.poll() is not None:
+            return path.exists()
+        time.sleep(0.02)
+    return False
+
+
+def variants_with_baseline(
+    parser: argparse.ArgumentParser, spec: str, known: tuple[str, ...], baseline_rev: str | None
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """The variants of ``--variants`` (checked against ``known``), each reliability
+    variant followed by itself at ``--baseline-rev``; and those (variant, variant@REV)
+    pairs."""
+    variants = [v.strip() for v in spec.split(",") if v.strip()]
+    unknown = set(variants) - set(known)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(known)}")
+    pairs: list[tuple[str, str]] = []
+    if baseline_rev:
+        pairs = [(v, f"{v}@{baseline_rev}") for v in variants if v.startswith("reliability")]
+        if not pairs:
+            parser.error("--baseline-rev compares reliability variants: add one to --variants")
+        for current, previous in pairs:
+            variants.insert(variants.index(current) + 1, previous)
+    return variants, pairs

@@ -59,6 +59,7 @@ from _common import (
     run_crawl,
     sigterm_raises,
     snapshot_package,
+    variants_with_baseline,
 )
 
 VARIANTS = ("stock-memory", "stock-jobdir", "reliability-sqlite", "reliability-postgres")
@@ -207,18 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.project_limits:
         os.environ["BENCH_PROJECT_LIMITS"] = "1"  # read by benchproj/settings.py
     sigterm_raises()
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = set(variants) - set(VARIANTS)
-    if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    # (variant, the same at --baseline-rev)
-    pairs: list[tuple[str, str]] = []
-    if args.baseline_rev:
-        pairs = [(v, f"{v}@{args.baseline_rev}") for v in variants if v.startswith("reliability")]
-        if not pairs:
-            parser.error("--baseline-rev compares reliability variants: add one to --variants")
-        for current, previous in pairs:
-            variants.insert(variants.index(current) + 1, previous)
+    # pairs: (variant, the same at --baseline-rev)
+    variants, pairs = variants_with_baseline(parser, args.variants, VARIANTS, args.baseline_rev)
 
     root = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
     code = snapshot_package(root)

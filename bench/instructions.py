@@ -48,23 +48,14 @@ from _common import (
     median,
     sigterm_raises,
     snapshot_package,
+    variants_with_baseline,
+    wait_for_file,
 )
 
 VARIANTS = ("stock-memory", "reliability-sqlite", "reliability-postgres")
 BASELINE = "stock-memory"
 _TOTALS = re.compile(rb"^totals:\s+(\d+)", re.MULTILINE)
 _THREAD = re.compile(rb"^thread:\s+(\d+)", re.MULTILINE)
-
-
-def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return True
-        if proc.poll() is not None:
-            return path.exists()
-        time.sleep(0.05)
-    return False
 
 
 def _control(pid: int, on: bool) -> None:
@@ -138,11 +129,11 @@ def counted_crawl(
                 cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env
             )
         try:
-            if not _wait_for(gate / "opened", child, args.timeout):
+            if not wait_for_file(gate / "opened", child, args.timeout):
                 raise RuntimeError(f"{tag}: never reached spider_opened; log {log_path}")
             _control(child.pid, True)
             (gate / "go").touch()
-            if not _wait_for(gate / "closed", child, args.timeout):
+            if not wait_for_file(gate / "closed", child, args.timeout):
                 problems.append("no spider_closed (timed out or the crawl died)")
             else:
                 _control(child.pid, False)
@@ -201,15 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         parser.error("needs valgrind (Debian: apt-get install valgrind)")
     sigterm_raises()
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = set(variants) - set(VARIANTS)
-    if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    pairs: list[tuple[str, str]] = []
-    if args.baseline_rev:
-        pairs = [(v, f"{v}@{args.baseline_rev}") for v in variants if v.startswith("reliability")]
-        for current, previous in pairs:
-            variants.insert(variants.index(current) + 1, previous)
+    variants, pairs = variants_with_baseline(parser, args.variants, VARIANTS, args.baseline_rev)
     root = Path(tempfile.mkdtemp(prefix="bench-instructions-"))
     code = snapshot_package(root)
     if args.baseline_rev:

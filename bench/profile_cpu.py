@@ -70,6 +70,8 @@ from _common import (
     median,
     sigterm_raises,
     snapshot_package,
+    variants_with_baseline,
+    wait_for_file,
 )
 
 VARIANTS = ("stock-memory", "reliability-sqlite", "reliability-postgres")
@@ -371,17 +373,6 @@ def parse_raw(path: Path) -> Profile:
 # -- running a profiled crawl ------------------------------------------------------------------
 
 
-def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return True
-        if proc.poll() is not None:
-            return path.exists()
-        time.sleep(0.02)
-    return False
-
-
 def profiled_crawl(
     *,
     workdir: Path,
@@ -419,7 +410,7 @@ def profiled_crawl(
         )
     spy: subprocess.Popen[bytes] | None = None
     try:
-        if not _wait_for(gate / "opened", child, 120):
+        if not wait_for_file(gate / "opened", child, 120):
             raise RuntimeError(f"{tag}: the crawl never reached spider_opened; log {log_path}")
         with spy_log.open("wb") as out:
             spy = subprocess.Popen(
@@ -450,7 +441,7 @@ def profiled_crawl(
         time.sleep(0.2)
         (gate / "go").touch()
         crawl_start = time.monotonic()
-        if not _wait_for(gate / "closed", child, timeout):
+        if not wait_for_file(gate / "closed", child, timeout):
             problems.append("no spider_closed (timed out or the crawl died)")
         crawl_wall = time.monotonic() - crawl_start
         spy.send_signal(signal.SIGINT)
@@ -773,10 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if shutil.which("py-spy") is None:
             parser.error("py-spy not found (pip install py-spy)")
-        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-        unknown = set(variants) - set(VARIANTS)
-        if unknown:
-            parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+        variants, _ = variants_with_baseline(parser, args.variants, VARIANTS, None)
         code, runs = crawl_all(args, variants)
     print()
     print("\n".join(component_table(runs, variants)))

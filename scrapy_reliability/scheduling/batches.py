@@ -25,7 +25,7 @@ LINGER_ROWS = 64
 #: of links writes them in large transactions, not in one per reactor turn (a
 #: transaction's fixed cost was paid every 16 rows; bench/README.md, "Enqueue"). On
 #: SQLite each commit writes to the WAL every page of the dedup key's index its random
-#: keys touched: 1,024 rows a commit rewrite each page fewer times than 256.
+#: keys touched: at 1,024 rows a commit, each page is rewritten less often than at 256.
 STREAM_LINGER = 0.05
 STREAM_ROWS = 1024
 #: New requests a write holds from which it goes to the database thread (``heavy``).

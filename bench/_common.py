@@ -34,6 +34,8 @@ class CrawlResult:
     #: ``scrapy_reliability.__file__`` as imported by the crawl ("" when it did not
     #: import the package; None when the child left no record, e.g. killed).
     package_file: str | None = None
+    #: The part of ``cpu_seconds`` spent in the kernel (system calls).
+    sys_seconds: float = 0.0
 
     @property
     def maxrss_mb(self) -> float:
@@ -208,6 +210,7 @@ def run_crawl(
         timed_out,
         rusage.ru_utime + rusage.ru_stime,
         package_path.read_text(encoding="utf-8") if package_path.exists() else None,
+        rusage.ru_stime,
     )
 
 

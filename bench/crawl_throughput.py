@@ -87,8 +87,9 @@ def paired_ratios(
     return out
 
 
-def per_page(cpu_seconds: float | None, responses: int) -> float:
-    return 1000 * float(cpu_seconds or 0.0) / responses if responses else 0.0
+def per_page(value: float | None, responses: int, *, scale: float = 1000.0) -> float:
+    """``value`` per page: seconds as ms (the default ``scale``), counts as they are."""
+    return scale * float(value or 0.0) / responses if responses else 0.0
 
 
 def run_variant(
@@ -163,9 +164,14 @@ def run_variant(
         "wall_s": res.wall_seconds,
         "cpu_s": res.cpu_seconds,
         "cpu_ms_per_page": 1000 * res.cpu_seconds / responses if responses else 0.0,
+        "sys_ms_per_page": 1000 * res.sys_seconds / responses if responses else 0.0,
         # Per-thread CPU (benchproj/threadcpu.py); includes start-up for the main thread.
         "main_cpu_ms_per_page": per_page(st.get("bench/thread_cpu_s/main"), responses),
         "db_cpu_ms_per_page": per_page(st.get("bench/thread_cpu_s/reliability-db"), responses),
+        # The reactor thread's waits (GIL, idle) per page (benchproj/threadcpu.py).
+        "main_waits_per_page": per_page(
+            st.get("bench/main_voluntary_ctxt_switches"), responses, scale=1.0
+        ),
         "peak_rss_mb": res.maxrss_mb,
         "package_file": res.package_file,
         "ok": not problems,
@@ -243,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"  round {r} {variant:30s} {run['pages_per_s']:7.1f} pages/s  "
                         f"{run['elapsed_s']:6.1f} s  cpu {run['cpu_ms_per_page']:5.2f} ms/page "
-                        f"(db thread {run['db_cpu_ms_per_page']:4.2f})  "
+                        f"(sys {run['sys_ms_per_page']:4.2f}) "
+                        f"(db thread {run['db_cpu_ms_per_page']:4.2f}, reactor waits "
+                        f"{run['main_waits_per_page']:4.2f}/page)  "
                         f"peak RSS {run['peak_rss_mb']:6.1f} MB  {flag}",
                         flush=True,
                     )

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -58,8 +59,26 @@ class DatabaseThread:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._queued = 0  # submitted to the thread and not finished
         self._lock = threading.Lock()
+        # Calls on the event loop (call_async) take their turn in the same order:
+        # one runs while nothing runs on the thread, and calls submitted after it
+        # wait here (reactor thread only) until it ends.
+        self._async_running = False
+        self._held: deque[tuple[bool, Callable[[], None]]] = deque()
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
+        if not self._async_running and not self._held:
+            return self._submit_now(fn, *args, **kwargs)
+        # Behind a call on the event loop: submitted when its turn comes.
+        outer: Future[T] = Future()
+
+        def begin() -> None:
+            inner = self._submit_now(fn, *args, **kwargs)
+            inner.add_done_callback(lambda f: _copy(f, outer))
+
+        self._held.append((False, begin))
+        return outer
+
+    def _submit_now(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
         with self._lock:
             self._queued += 1
         future = self._pool.submit(fn, *args, **kwargs)
@@ -69,6 +88,61 @@ class DatabaseThread:
     def _finished(self, _future: Future[Any]) -> None:
         with self._lock:
             self._queued -= 1
+            drained = not self._queued
+        if drained and self._held:
+            the_reactor().callFromThread(self._release)
+
+    def _release(self) -> None:
+        """Start the held calls whose turn has come, in order (reactor thread)."""
+        while self._held and not self._async_running:
+            is_async, begin = self._held[0]
+            if is_async and self._queued:
+                return  # after the thread's calls: _finished calls again
+            self._held.popleft()
+            begin()
+
+    @property
+    def runs_async(self) -> bool:
+        """Whether :meth:`call_async` can run coroutines (Scrapy's asyncio reactor)."""
+        return _asyncio_reactor()
+
+    def call_async(
+        self, start: Callable[[], Awaitable[T]], on_done: Callable[[Future[T]], None]
+    ) -> Future[T]:
+        """Run the coroutine ``start()`` on the reactor's asyncio loop in this
+        FIFO's order: after every call submitted before it, before every call
+        submitted after it, alone (it may use what the thread's calls use, and
+        :meth:`on_thread` for a call of its own there). ``on_done(future)`` then
+        runs on the reactor thread."""
+        future: Future[T] = Future()
+
+        def finished(task: asyncio.Future[T]) -> None:
+            self._async_running = False
+            if task.cancelled():
+                future.set_exception(asyncio.CancelledError())
+            elif task.exception() is not None:
+                future.set_exception(task.exception())
+            else:
+                future.set_result(task.result())
+            try:
+                on_done(future)
+            finally:
+                self._release()
+
+        def begin() -> None:
+            self._async_running = True
+            task = asyncio.ensure_future(start())
+            task.add_done_callback(finished)
+
+        self._held.append((True, begin))
+        if not self._async_running and len(self._held) == 1:
+            self._release()
+        return future
+
+    async def on_thread(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the thread, awaited, from a call of :meth:`call_async`
+        (whose turn it is: nothing else runs on the thread meanwhile)."""
+        return await asyncio.wrap_future(self._submit_now(fn))
 
     def call_soon(
         self,
@@ -79,7 +153,7 @@ class DatabaseThread:
     ) -> Future[T]:
         """Run ``fn`` on the thread (or inline, see the class); ``on_done(future)``
         then runs on the reactor thread, never before this returns."""
-        if inline and not self._queued:
+        if inline and not self._queued and not self._async_running and not self._held:
             future: Future[T] = Future()
             try:
                 future.set_result(fn(*args))
@@ -109,4 +183,14 @@ class DatabaseThread:
         return d
 
     def shutdown(self) -> None:
+        """Wait for the thread's calls and stop it (calls held behind one on the
+        event loop are dropped: call after the last has ended)."""
         self._pool.shutdown(wait=True)
+
+
+def _copy(source: Future[T], target: Future[T]) -> None:
+    exc = source.exception()
+    if exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())

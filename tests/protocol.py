@@ -53,6 +53,10 @@ class SyncDatabase(DatabaseThread):
         #: (function name, whether the caller let it run inline) of each call_soon.
         self.calls: list[tuple[str, bool]] = []
 
+    @property
+    def runs_async(self) -> bool:
+        return False  # every call synchronous, on the test's clock
+
     def hold(self) -> None:
         self.held = []
 

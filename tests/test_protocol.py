@@ -441,7 +441,7 @@ def test_links_a_callback_streams_share_large_writes_while_the_worker_has_work(
     # their statements release the GIL while the callback goes on (batches.heavy).
     assert 52 < HEAVY_ROWS <= STREAM_ROWS
     assert core.scheduler._ctx.inline
-    inline = [ok for name, ok in core.db.calls if name == "_write_on_thread"]
+    inline = [ok for name, ok in core.db.calls if name == "write_on_thread"]
     assert inline[-3:] == [False, False, True]
 
 

@@ -91,4 +91,11 @@ class ThreadCPU:
         self.sample()
         for group, cpu in self.totals().items():
             self.crawler.stats.set_value(f"bench/thread_cpu_s/{group}", round(cpu, 2))
+        # The reactor thread's context switches: voluntary ones are waits (for the
+        # GIL another thread holds, or idle in epoll), involuntary ones preemptions.
+        with open(f"/proc/self/task/{threading.main_thread().native_id}/status") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.endswith("ctxt_switches"):
+                    self.crawler.stats.set_value(f"bench/main_{key}", int(value))
         _gate("closed", "go2")

@@ -23,11 +23,12 @@ from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import dialect, jobs
-from scrapy_reliability.frontier.claim import Claimer, in_claim_order, new_token
+from scrapy_reliability.frontier.alone import AloneWrite, AloneWrites, OnThread
+from scrapy_reliability.frontier.claim import Claimer
 from scrapy_reliability.frontier.connections import Connections, open_engine
 from scrapy_reliability.frontier.domains import DomainRows
 from scrapy_reliability.frontier.errors import is_storage_failure
-from scrapy_reliability.frontier.hotsql import DueLease, hot_sql
+from scrapy_reliability.frontier.hotsql import hot_sql
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.records import (
     UNPROCESSED_CLASSES,
@@ -76,6 +77,9 @@ class Frontier:
         self._domains = DomainRows(engine)
         self._writes = WritePath(engine, sql, self._domains)
         self._claims = Claimer(sql, self._domains)
+        self._alone = AloneWrites(
+            engine, sql, self._claims, self._db.one_statement, self._transaction
+        )
         self._insert_fp = dialect.insert_ignore(fingerprints, engine)
         #: Writes run again after PostgreSQL aborted them as a deadlock.
         self.deadlocks = 0
@@ -137,6 +141,7 @@ class Frontier:
         return cls(engine, lock=lock)
 
     def close(self) -> None:
+        self._alone.close()
         self._db.close()
 
     # -- jobs and workers -------------------------------------------------------------------
@@ -301,6 +306,57 @@ class Frontier:
                 self.deadlocks += 1
         raise AssertionError("unreachable")
 
+    def _settles_alone(
+        self, job_id: int, batch: WriteBatch, claim: ClaimSpec | None, policy: Politeness | None
+    ) -> list[tuple[int, str, str]] | None:
+        """The settlements of ``batch`` when it goes as one statement with ``claim``
+        (see ``HotSql.write_alone``), else None (a transaction)."""
+        settles = self._writes.settlements_alone(job_id, batch, policy)
+        if (
+            settles is not None
+            and (claim is None or not (claim.politeness or Politeness()).limits_anything)
+            and self._sql.writes_alone(len(batch.inserts), len(settles), claim is not None)
+        ):
+            return settles
+        return None
+
+    def alone(
+        self,
+        job_id: int,
+        batch: WriteBatch,
+        claim: ClaimSpec | None = None,
+        *,
+        politeness: Politeness | None = None,
+    ) -> AloneWrite | None:
+        """:meth:`write`'s arguments as a write :meth:`write_async` takes: one
+        statement on PostgreSQL. None when the write needs :meth:`write`. It
+        reads only what this frontier holds in memory; a call running meanwhile
+        may change the answer, so plan again when no other call runs, as
+        :meth:`write_async` must run."""
+        if not self._alone.runs_async:
+            return None
+        policy = politeness or (claim.politeness if claim is not None else None)
+        settles = self._settles_alone(job_id, batch, claim, policy)
+        if settles is None:
+            return None
+        return self._alone.plan(job_id, batch.inserts, settles, claim, time.time(), pinned=False)
+
+    async def write_async(
+        self, w: AloneWrite, on_thread: OnThread[ClaimResult | None]
+    ) -> WriteResult:
+        """Run ``w`` (from :meth:`alone`) on the calling asyncio event loop, on a
+        connection of its own: no thread waits for the server. A claim that comes
+        back short is completed through ``on_thread`` (a call of this frontier
+        on the thread that makes the others, awaited)."""
+        for attempt in range(_DEADLOCK_RETRIES):
+            try:
+                return await self._alone.write_async(w, on_thread)
+            except DBAPIError as exc:
+                if attempt + 1 == _DEADLOCK_RETRIES or not dialect.is_retryable(exc):
+                    raise
+                self.deadlocks += 1
+        raise AssertionError("unreachable")
+
     def _write(
         self,
         job_id: int,
@@ -311,13 +367,10 @@ class Frontier:
         *,
         pinned: bool = False,
     ) -> WriteResult:
-        settles = self._writes.settlements_alone(job_id, batch, policy)
-        if (
-            settles is not None
-            and (claim is None or not (claim.politeness or Politeness()).limits_anything)
-            and self._sql.writes_alone(len(batch.inserts), len(settles), claim is not None)
-        ):
-            return self._write_alone(job_id, batch, settles, claim, now, pinned=pinned)
+        settles = self._settles_alone(job_id, batch, claim, policy)
+        if settles is not None:
+            w = self._alone.plan(job_id, batch.inserts, settles, claim, now, pinned=pinned)
+            return self._alone.write(w)
         acks = any(tr.outcome is Outcome.DONE for tr in batch.transitions)
         with self._transaction() as conn:
             inserted, settled, lost, adapted = self._writes.apply(conn, job_id, batch, now, policy)
@@ -333,58 +386,6 @@ class Frontier:
         if acks:
             crash_point("after_ack_commit")
         return WriteResult(frozenset(inserted), settled, lost, claimed, adapted)
-
-    def _write_alone(
-        self,
-        job_id: int,
-        batch: WriteBatch,
-        settles: list[tuple[int, str, str]],
-        claim: ClaimSpec | None,
-        now: float,
-        *,
-        pinned: bool,
-    ) -> WriteResult:
-        """A write of new requests and plain settlements, and a claim no domain
-        limit decides, as one statement that is a transaction of its own (no
-        BEGIN or COMMIT to send; see ``HotSql.write_alone``). The statement's
-        claim cannot see the rows it inserts: when it comes back short, a claim
-        of the rest follows in a transaction of its own."""
-        lease = None
-        if claim is not None:
-            claim_now = now if pinned else max(now, time.time())
-            lease = DueLease(
-                claim.limit,
-                claim.newest_first,
-                new_token(),
-                claim.worker_id,
-                claim_now + claim.lease_seconds,
-                claim_now,
-            )
-        acks = any(state == Outcome.DONE.value for _, _, state in settles)
-        if acks:
-            crash_point("before_ack_commit")
-        with self._db.one_statement() as conn:
-            inserted, settled, rows = self._sql.write_alone(
-                conn, job_id, batch.inserts, settles=settles, lease=lease, now=now
-            )
-        if acks:
-            crash_point("after_ack_commit")
-        claimed = None
-        if claim is not None and lease is not None:
-            rows = in_claim_order(rows, claim.newest_first)
-            if len(rows) >= claim.limit:
-                claimed = ClaimResult(rows)
-            else:
-                with self._transaction() as conn:
-                    claimed = self._claims.claim_rest(
-                        conn, job_id, claim, rows, lease.now, new_rows=bool(inserted)
-                    )
-        return WriteResult(
-            frozenset(inserted),
-            [task_id for task_id, _, _ in settles if task_id in settled],
-            [task_id for task_id, _, _ in settles if task_id not in settled],
-            claimed,
-        )
 
     # -- the claim path ---------------------------------------------------------------------
 
@@ -410,7 +411,8 @@ class Frontier:
         now = _now(now)
         spec = ClaimSpec(worker_id, limit, lease_seconds, newest_first, politeness)
         if self._sql.writes_alone(0, 0, True) and not (politeness or Politeness()).limits_anything:
-            claimed = self._write_alone(job_id, WriteBatch(), [], spec, now, pinned=pinned).claimed
+            w = self._alone.plan(job_id, [], [], spec, now, pinned=pinned)
+            claimed = self._alone.write(w).claimed
             assert claimed is not None
             return claimed
         with self._transaction() as conn:

@@ -22,7 +22,7 @@ from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import Claimed, ClaimResult, ClaimSpec
 from scrapy_reliability.frontier.politeness import PACE_AHEAD
 from scrapy_reliability.frontier.recrawl import DUE, PARSE
-from scrapy_reliability.scheduling import engine
+from scrapy_reliability.scheduling import engine, frontier_calls
 from scrapy_reliability.scheduling.batches import WRITE_RETRY_SECONDS
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
@@ -115,20 +115,8 @@ class ClaimBuffer:
         if self.writes.batch:
             self.writes.write(claim=True)
             return
-        self.in_flight = ctx.db.call_soon(
-            self._claim_on_thread, self._claim_landed, ctx.job.id, inline=ctx.inline
-        )
-
-    def _claim_on_thread(self, job_id: int) -> ClaimResult:
-        assert self.ctx.frontier is not None
-        spec = self.spec()
-        return self.ctx.frontier.claim(
-            job_id,
-            spec.worker_id,
-            spec.limit,
-            lease_seconds=spec.lease_seconds,
-            newest_first=spec.newest_first,
-            politeness=spec.politeness,
+        self.in_flight = frontier_calls.claim(
+            ctx, self._claim_landed, ctx.job.id, self.spec, inline=ctx.inline
         )
 
     def _claim_landed(self, future: Future[ClaimResult]) -> None:

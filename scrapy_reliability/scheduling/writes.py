@@ -30,7 +30,7 @@ from scrapy_reliability.frontier import (
     WriteResult,
 )
 from scrapy_reliability.frontier.store import is_storage_failure
-from scrapy_reliability.scheduling import refusals, settled
+from scrapy_reliability.scheduling import frontier_calls, refusals, settled
 from scrapy_reliability.scheduling.batches import (
     MAX_BUFFERED,
     claim_inputs,
@@ -245,8 +245,8 @@ class WritePipeline:
             if self._handlers.pop(future, None) is not None:
                 handle(future)
 
-        self.in_flight = ctx.db.call_soon(
-            self._write_on_thread,
+        self.in_flight = frontier_calls.write(
+            ctx,
             on_done,
             ctx.job.id,
             batch,
@@ -266,14 +266,6 @@ class WritePipeline:
     def _lease_domain(self, task_id: int) -> str | None:
         lease = self.leases.get(task_id)
         return None if lease is None else lease.domain
-
-    def _write_on_thread(
-        self, job_id: int, batch: WriteBatch, claim: ClaimSpec | None = None
-    ) -> WriteResult:
-        assert self.ctx.frontier is not None
-        return self.ctx.frontier.write(
-            job_id, batch, claim=claim, politeness=self.ctx.config.politeness
-        )
 
     def _written(
         self, future: Future[WriteResult], batch: WriteBatch, requests: dict[str, Request]

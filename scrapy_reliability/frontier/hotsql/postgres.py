@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 
 from scrapy_reliability.frontier.hotsql.base import Alone, DueLease, HotSql
 from scrapy_reliability.frontier.records import Claimed, NewRequest
@@ -140,6 +140,19 @@ class PostgresHotSql(HotSql):
         lease: DueLease | None,
         now: float,
     ) -> Alone:
+        sql, params = self.alone_statement(job_id, rows, settles=settles, lease=lease, now=now)
+        return self.alone_result(self._run_alone(conn, sql, params), lease)
+
+    def alone_statement(
+        self,
+        job_id: int,
+        rows: Sequence[NewRequest],
+        *,
+        settles: Sequence[tuple[int, str, str]],
+        lease: DueLease | None,
+        now: float,
+    ) -> tuple[str, list[Any]]:
+        """The text and parameters of :meth:`write_alone`'s statement."""
         # Data-modifying CTEs: the new rows, the settlements and the lease, each
         # aggregated into one column of the one row the statement returns.
         newest_first = None if lease is None else lease.newest_first
@@ -167,7 +180,11 @@ class PostgresHotSql(HotSql):
             params += (now, _dumps(settles))
         if lease is not None:
             params += self._due_params(job_id, lease)
-        inserted, settled, claimed = self._run_alone(conn, sql, params)
+        return sql, params
+
+    def alone_result(self, row: Sequence[Any], lease: DueLease | None) -> Alone:
+        """What :meth:`write_alone`'s statement returned, as :data:`Alone`."""
+        inserted, settled, claimed = row
         return (
             set(inserted or ()),
             set(settled or ()),
@@ -219,16 +236,18 @@ class PostgresHotSql(HotSql):
                 # (ROLLBACK) a lost connection, which fails with a traceback.
                 with contextlib.suppress(Exception):
                     conn.invalidate(exc)
-            raise DBAPIError.instance(
-                sql,
-                None,
-                exc,
-                conn.dialect.loaded_dbapi.Error,
-                hide_parameters=True,
-                connection_invalidated=lost,
-            ) from exc
+            raise driver_error(sql, exc, conn.dialect.loaded_dbapi, lost=lost) from exc
         finally:
             with contextlib.suppress(Exception):  # a broken connection is dropped anyway
                 driver.autocommit = False
         assert row is not None
         return row
+
+
+def driver_error(sql: str | None, exc: Exception, dbapi: Any, *, lost: bool) -> StatementError:
+    """The driver's error ``exc`` as SQLAlchemy would raise it (an
+    :class:`OperationalError` for a server gone, say), without the parameters
+    (the requests' data); ``lost``: the connection is unusable."""
+    return DBAPIError.instance(
+        sql, None, exc, dbapi.Error, hide_parameters=True, connection_invalidated=lost
+    )

@@ -1,0 +1,165 @@
+"""Writes that go as one statement, a transaction of its own: new requests,
+plain settlements and a claim no domain limit decides (see
+``HotSql.write_alone``). On the database thread through the frontier's kept
+connection; on PostgreSQL also on the caller's asyncio event loop, on a
+connection of its own (:mod:`.hotsql.pgasync`)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from sqlalchemy import Connection, Engine
+
+from scrapy_reliability._crashpoints import crash_point
+from scrapy_reliability.frontier.claim import Claimer, in_claim_order, new_token
+from scrapy_reliability.frontier.hotsql import Alone, DueLease, HotSql, PostgresHotSql
+from scrapy_reliability.frontier.hotsql.pgasync import AsyncStatements
+from scrapy_reliability.frontier.records import (
+    ClaimResult,
+    ClaimSpec,
+    NewRequest,
+    Outcome,
+    WriteResult,
+)
+
+T = TypeVar("T")
+
+#: Runs a call on the database thread (in the frontier's order) and awaits it.
+OnThread = Callable[[Callable[[], T]], Awaitable[T]]
+
+
+@dataclass(frozen=True)
+class AloneWrite:
+    """One write as one statement: its rows, settlements (row, token, state) and
+    claim, with the lease the claim takes."""
+
+    job_id: int
+    inserts: list[NewRequest]
+    settles: list[tuple[int, str, str]]
+    claim: ClaimSpec | None
+    lease: DueLease | None
+    now: float
+
+    @property
+    def acks(self) -> bool:
+        return any(state == Outcome.DONE.value for _, _, state in self.settles)
+
+
+class AloneWrites:
+    """Runs :class:`AloneWrite` s; a claim that comes back short is completed in
+    a transaction (the statement cannot see the rows it inserts)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sql: HotSql,
+        claims: Claimer,
+        one_statement: Callable[[], contextlib.AbstractContextManager[Connection]],
+        transaction: Callable[[], contextlib.AbstractContextManager[Connection]],
+    ):
+        self._sql = sql
+        self._claims = claims
+        self._one_statement = one_statement
+        self._transaction = transaction
+        self._async = AsyncStatements(engine) if isinstance(sql, PostgresHotSql) else None
+
+    @property
+    def runs_async(self) -> bool:
+        """Whether :meth:`write_async` can run (PostgreSQL)."""
+        return self._async is not None
+
+    def plan(
+        self,
+        job_id: int,
+        inserts: list[NewRequest],
+        settles: list[tuple[int, str, str]],
+        claim: ClaimSpec | None,
+        now: float,
+        *,
+        pinned: bool,
+    ) -> AloneWrite:
+        lease = None
+        if claim is not None:
+            # The claim's own clock (unless the caller pinned one): the start times
+            # it gives paced requests count from now.
+            claim_now = now if pinned else max(now, time.time())
+            lease = DueLease(
+                claim.limit,
+                claim.newest_first,
+                new_token(),
+                claim.worker_id,
+                claim_now + claim.lease_seconds,
+                claim_now,
+            )
+        return AloneWrite(job_id, inserts, settles, claim, lease, now)
+
+    def write(self, w: AloneWrite) -> WriteResult:
+        """``w`` on the calling thread, through the frontier's kept connection."""
+        with self._acking(w), self._one_statement() as conn:
+            alone = self._sql.write_alone(
+                conn, w.job_id, w.inserts, settles=w.settles, lease=w.lease, now=w.now
+            )
+        return self._result(w, alone, self._claim_rest(w, alone))
+
+    async def write_async(
+        self, w: AloneWrite, on_thread: OnThread[ClaimResult | None]
+    ) -> WriteResult:
+        """``w`` on the calling event loop (PostgreSQL); the rest of a short claim
+        through ``on_thread``."""
+        assert self._async is not None and isinstance(self._sql, PostgresHotSql)
+        sql, params = self._sql.alone_statement(
+            w.job_id, w.inserts, settles=w.settles, lease=w.lease, now=w.now
+        )
+        with self._acking(w):
+            self._sql.round_trips += 1
+            row = await self._async.fetchone(sql, params)
+        alone = self._sql.alone_result(row, w.lease)
+        rest = None
+        if self._short(w, alone):
+            rest = await on_thread(lambda: self._claim_rest(w, alone))
+        return self._result(w, alone, rest)
+
+    def close(self) -> None:
+        if self._async is not None:
+            self._async.close()
+
+    @contextlib.contextmanager
+    def _acking(self, w: AloneWrite) -> Iterator[None]:
+        acks = w.acks
+        if acks:
+            crash_point("before_ack_commit")
+        yield
+        if acks:
+            crash_point("after_ack_commit")
+
+    @staticmethod
+    def _short(w: AloneWrite, alone: Alone) -> bool:
+        return w.claim is not None and len(alone[2]) < w.claim.limit
+
+    def _claim_rest(self, w: AloneWrite, alone: Alone) -> ClaimResult | None:
+        """The rest of a claim the statement leased short (None if it did not)."""
+        if not self._short(w, alone):
+            return None
+        assert w.claim is not None and w.lease is not None
+        rows = in_claim_order(alone[2], w.claim.newest_first)
+        with self._transaction() as conn:
+            return self._claims.claim_rest(
+                conn, w.job_id, w.claim, rows, w.lease.now, new_rows=bool(alone[0])
+            )
+
+    @staticmethod
+    def _result(w: AloneWrite, alone: Alone, rest: ClaimResult | None) -> WriteResult:
+        inserted, settled, rows = alone
+        claimed = rest
+        if w.claim is not None and claimed is None:
+            claimed = ClaimResult(in_claim_order(rows, w.claim.newest_first))
+        return WriteResult(
+            frozenset(inserted),
+            [task_id for task_id, _, _ in w.settles if task_id in settled],
+            [task_id for task_id, _, _ in w.settles if task_id not in settled],
+            claimed,
+        )

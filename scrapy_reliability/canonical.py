@@ -114,6 +114,34 @@ _PLAIN = re.compile(
     re.ASCII,
 )
 _PARAM = re.compile(r"[^\s*]+\*?")
+# An http(s) URL that canonicalize_url returns as it is (most links a spider yields:
+# Scrapy has already made them safe): a lowercase host name or IPv4 address, a port
+# without leading zeros, a path of characters it never quotes (no "%", no ";"), and
+# a query of name=value fields of characters it never quotes, sorted (checked
+# apart), no fragment. Dot segments are checked apart too.
+_QUERY_FIELD = r"[-.0-9A-Z_a-z~]*=[-.0-9A-Z_a-z~]*"
+_W3LIB_CANONICAL = re.compile(
+    r"https?://[a-z0-9-]+(?:\.[a-z0-9-]+)*(?::(?P<port>[1-9][0-9]{0,4}))?"
+    r"/[-!$&'()*+,./0-9:=@A-Z_a-z|~]*"
+    rf"(?:\?(?P<query>{_QUERY_FIELD}(?:&{_QUERY_FIELD})*))?\Z",
+    re.ASCII,
+)
+
+
+def _w3lib_keeps(url: str) -> bool:
+    """True when ``canonicalize_url(url) == url`` for certain; False when it may not
+    be (it then runs). ``tests/test_canonical.py`` checks the first against w3lib,
+    and :data:`_W3LIB_AGREES` against the w3lib installed."""
+    match = _W3LIB_CANONICAL.match(url)
+    if match is None or "/." in url:  # a dot segment, which canonicalize_url resolves
+        return False
+    port, query = match.group("port", "query")
+    if port is not None and int(port) > 65535:
+        return False  # canonicalize_url refuses it
+    if query and "&" in query:
+        fields = [tuple(field.split("=")) for field in query.split("&")]
+        return fields == sorted(fields)
+    return True
 
 
 def _names(values: Iterable[str]) -> tuple[str, ...]:
@@ -215,7 +243,7 @@ class CanonicalPolicy:
 
     def canonical_url(self, url: str) -> str:
         """The canonical form of ``url``; ValueError for what w3lib cannot parse."""
-        canonical = str(canonicalize_url(url))
+        canonical = url if _W3LIB_AGREES and _w3lib_keeps(url) else str(canonicalize_url(url))
         if not self.domains:
             fast = self._plain(canonical)
             if fast is not None:
@@ -296,6 +324,22 @@ class CanonicalPolicy:
         """``<CODE_VERSION>.<12 hex digits>``: what a job stores to know its keys."""
         text = json.dumps(self.normalized(), sort_keys=True, separators=(",", ":"))
         return f"{CODE_VERSION}.{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def _w3lib_agrees() -> bool:
+    """Whether the w3lib installed leaves alone what :func:`_w3lib_keeps` says it
+    does (a later w3lib may canonicalise more): else every URL goes through it."""
+    probes = (
+        "http://a.example.com/",
+        "https://127.0.0.2:8080/p/0?n=12345",
+        "http://h-1.x:65535/-!$&'()*+,./0123456789:=@AZ_az|~?-.09AZ_az~=-.09AZ_az~",
+        "http://h/a?a=1&a=2&b=&c=9&c-d=0",
+        "http://h/a?=&=x&a=",
+    )
+    return all(_w3lib_keeps(url) and canonicalize_url(url) == url for url in probes)
+
+
+_W3LIB_AGREES = _w3lib_agrees()
 
 
 def canonical_or_same(url: str, policy: CanonicalPolicy | None = None) -> str:

@@ -369,3 +369,65 @@ def test_the_fingerprint_text_is_what_json_dumps_writes(method: str, url: str, b
 
     data = {"method": method, "url": url, "body": body.hex(), "headers": {}}
     assert fingerprint_text(method, url, body.hex()) == json.dumps(data, sort_keys=True)
+
+
+# Characters around the edges of what canonicalize_url leaves alone in a path and a query.
+_path_chars = [*"aZ09-._~!$&'()*+,:=@|/;%[]?# \"", "é"]
+_query_chars = [*"aZ09-._~+%=&;/ ", "é"]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.sampled_from(["http://", "https://", "HTTP://", "ftp://"]),
+    st.sampled_from(
+        ["a.com", "127.0.0.2", "x-y.z", "A.com", "a..b", ".a", "a.", "xn--a.b", "u@h", "a" * 64]
+    ),
+    st.sampled_from(["", ":80", ":080", ":8080", ":65535", ":65536", ":0", ":"]),
+    st.text(st.sampled_from(_path_chars), max_size=10).map(lambda p: "/" + p),
+    st.lists(
+        st.tuples(
+            st.text(st.sampled_from(_query_chars), max_size=3),
+            st.text(st.sampled_from(_query_chars), max_size=3),
+        ),
+        max_size=4,
+    ),
+    st.booleans(),
+)
+def test_what_w3lib_leaves_alone_is_known_without_running_it(
+    scheme: str, host: str, port: str, path: str, fields: list[tuple[str, str]], ordered: bool
+) -> None:
+    """A URL the short way takes as canonical already is what canonicalize_url
+    returns for it, character for character (stored keys depend on it)."""
+    from w3lib.url import canonicalize_url
+
+    from scrapy_reliability.canonical import _w3lib_keeps
+
+    if ordered:
+        fields = sorted(fields)
+    query = "&".join(f"{k}={v}" for k, v in fields)
+    url = f"{scheme}{host}{port}{path}" + (f"?{query}" if fields else "")
+    if _w3lib_keeps(url):
+        assert canonicalize_url(url) == url
+    _assert_same_as_reference(POLICY, url)
+
+
+def test_the_links_a_crawl_yields_most_skip_canonicalize_url() -> None:
+    """The short way is taken for the usual link (and not for one it would change)."""
+    from scrapy_reliability.canonical import _W3LIB_AGREES, _w3lib_keeps
+
+    assert _W3LIB_AGREES
+    for url in (
+        "http://127.0.0.2:5555/p/0?n=12345",
+        "https://shop.example.com/category/shoes-2?page=3&sort=price",
+        "https://example.com/a/b.html",
+    ):
+        assert _w3lib_keeps(url), url
+    for url in (
+        "https://example.com/a/./b",
+        "https://example.com/a?b=1&a=2",
+        "https://Example.com/",
+        "https://example.com/%7e",
+        "https://example.com/a#top",
+        "https://example.com:0443/",
+    ):
+        assert not _w3lib_keeps(url), url

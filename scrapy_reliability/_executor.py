@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import sys
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -14,6 +13,8 @@ from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred
 
+from scrapy_reliability._process import SWITCH
+
 # Raised by the frontier (which must not import Twisted), caught here; still
 # importable from this module.
 from scrapy_reliability.frontier.errors import WouldWait
@@ -21,50 +22,6 @@ from scrapy_reliability.frontier.errors import WouldWait
 __all__ = ["DatabaseThread", "WouldWait", "the_reactor"]
 
 T = TypeVar("T")
-
-
-#: Python's default switch interval: a thread that wants the GIL waits this long
-#: before the thread holding it is asked to let go.
-PYTHON_SWITCH_INTERVAL = 0.005
-#: The switch interval while a database thread runs. Every call the thread makes into
-#: the driver releases the GIL and takes it back after; with the reactor thread busy
-#: running Python (a callback yielding links, a crawl at full speed), each taking back
-#: waits out the whole interval, so at Python's default a write of a few thousand
-#: rows took 100-250 ms instead of about 10, and the reactor waited for it.
-SWITCH_INTERVAL = 0.0005
-
-
-class _SwitchInterval:
-    """Counts the database threads running; the first shortens the interval, the
-    last puts Python's default back."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.users = 0
-
-    def shorten(self) -> None:
-        """Use :data:`SWITCH_INTERVAL` while a database thread runs, unless the
-        process has set an interval of its own (then it is left as it is)."""
-        with self._lock:
-            self.users += 1
-            if self.users == 1 and _is(sys.getswitchinterval(), PYTHON_SWITCH_INTERVAL):
-                sys.setswitchinterval(SWITCH_INTERVAL)
-
-    def restore(self) -> None:
-        """Python's default again once the last database thread has stopped, unless
-        something else has changed the interval meanwhile."""
-        with self._lock:
-            self.users = max(0, self.users - 1)
-            if not self.users and _is(sys.getswitchinterval(), SWITCH_INTERVAL):
-                sys.setswitchinterval(PYTHON_SWITCH_INTERVAL)
-
-
-_SWITCH = _SwitchInterval()
-
-
-def _is(interval: float, value: float) -> bool:
-    # Python keeps the interval in microseconds: compare at that resolution.
-    return abs(interval - value) < 1e-7
 
 
 def the_reactor() -> Any:
@@ -110,7 +67,7 @@ class DatabaseThread:
         self._async_running = False
         self._held: deque[tuple[bool, Callable[[], None]]] = deque()
         self._shortened = True
-        _SWITCH.shorten()
+        SWITCH.shorten()
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
         if not self._async_running and not self._held:
@@ -235,7 +192,7 @@ class DatabaseThread:
         self._pool.shutdown(wait=True)
         if self._shortened:
             self._shortened = False
-            _SWITCH.restore()
+            SWITCH.restore()
 
 
 def _copy(source: Future[T], target: Future[T]) -> None:

@@ -19,6 +19,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
 from scrapy_reliability import _exitcode, _feeds, _jobs
+from scrapy_reliability._process import GC_FREEZE
 from scrapy_reliability.frontier import FrontierError, JobFinished
 from scrapy_reliability.frontier.dialect import redact
 from scrapy_reliability.frontier.store import UNPROCESSED_CLASSES, is_storage_failure
@@ -62,6 +63,7 @@ class Session:
         self._unhook: Callable[[], None] | None = None
         # Set when the run ends incomplete: replaces Scrapy's "finished".
         self._finish_reason: str | None = None
+        self._frozen = False
         ctx.crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
 
     # -- open ---------------------------------------------------------------------------------
@@ -124,6 +126,9 @@ class Session:
             )
             stats.set_value("reliability/job/already_finished", True)
             return
+        if ctx.config.gc_freeze:
+            GC_FREEZE.freeze()
+            self._frozen = True
         job, recovered, counts = opened.job, opened.recovered, opened.counts
         ctx.frontier = opened.frontier
         self.outcomes.peers.update(opened.peers)
@@ -383,6 +388,9 @@ class Session:
         _exitcode.fail_after_close(self.ctx.crawler)
 
     def _spider_closed(self, spider: Spider, reason: str) -> None:
+        if self._frozen:
+            self._frozen = False
+            GC_FREEZE.unfreeze()
         # After CoreStats wrote ``finish_reason`` (it connects first).
         if self._finish_reason is not None:
             self.ctx.stats.set_value("finish_reason", self._finish_reason)

@@ -29,3 +29,39 @@ class ClaimTimes:
         record = {"url": event.url, "domain": event.domain, "outcome": event.outcome}
         times = {"claimed_at": event.claimed_at, "starts_at": event.starts_at}
         self.fh.write(json.dumps({**record, **times}) + "\n")
+
+
+class ProcessState:
+    """Writes the garbage collector's frozen count and the GIL switch interval seen
+    while pages arrive and after the engine stopped (PROCESS_STATE_PATH, JSON)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.during: dict[str, float] = {}
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> ProcessState:
+        from scrapy import signals
+
+        path = crawler.settings.get("PROCESS_STATE_PATH")
+        if not path:
+            raise NotConfigured("PROCESS_STATE_PATH is not set")
+        ext = cls(path)
+        crawler.signals.connect(ext.response, signal=signals.response_received)
+        crawler.signals.connect(ext.stopped, signal=signals.engine_stopped)
+        return ext
+
+    def response(self, **_: Any) -> None:
+        import gc
+        import sys
+
+        if not self.during:
+            self.during = {"frozen": gc.get_freeze_count(), "switch": sys.getswitchinterval()}
+
+    def stopped(self) -> None:
+        import gc
+        import sys
+
+        after = {"frozen": gc.get_freeze_count(), "switch": sys.getswitchinterval()}
+        with open(self.path, "w", encoding="utf-8") as fh:
+            json.dump({"during": self.during, "after": after}, fh)

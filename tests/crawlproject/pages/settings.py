@@ -7,8 +7,8 @@ ROBOTSTXT_OBEY = False
 TELNETCONSOLE_ENABLED = False
 LOG_LEVEL = "INFO"
 ITEM_PIPELINES = {"pages.pipelines.ItemsToFile": 300}
-# Off unless a test sets CLAIMS_PATH.
-EXTENSIONS = {"pages.extensions.ClaimTimes": 0}
+# Off unless a test sets CLAIMS_PATH, PROCESS_STATE_PATH.
+EXTENSIONS = {"pages.extensions.ClaimTimes": 0, "pages.extensions.ProcessState": 0}
 
 # The test site is our own: no per-domain rate or concurrency limit unless a test sets one.
 RELIABILITY_DOMAIN_RATE = 0

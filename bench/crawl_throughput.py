@@ -23,7 +23,9 @@ CONCURRENT_REQUESTS(_PER_DOMAIN) limits. The package is snapshotted at start (it
 installed editable and may change while the benchmark runs). pages/s is the crawl's own
 ``response_received_count / elapsed_time_seconds`` from its final stats; peak RSS is the
 child's ``ru_maxrss`` (os.wait4); CPU is the child's user+system time, also split by
-thread (main / the frontier's database thread) by benchproj/threadcpu.py.
+thread (main / the frontier's database thread) by benchproj/threadcpu.py, which also
+times the garbage collector from spider opened to closed (printed as "gc ms/page in N
+full": all its passes, and the number of full ones).
 Round r runs the variants in an order rotated by r, so no variant always goes first.
 
 Exit status 1 if any crawl fails (exit status, finish_reason, ERROR log lines) or loses
@@ -172,6 +174,11 @@ def run_variant(
         "main_waits_per_page": per_page(
             st.get("bench/main_voluntary_ctxt_switches"), responses, scale=1.0
         ),
+        # The garbage collector, spider opened to closed (benchproj/threadcpu.py).
+        "gc_ms_per_page": per_page(
+            sum(float(st.get(f"bench/gc_s/gen{g}", 0) or 0) for g in range(3)), responses
+        ),
+        "gc_full": int(st.get("bench/gc_count/gen2", 0) or 0),
         "peak_rss_mb": res.maxrss_mb,
         "package_file": res.package_file,
         "ok": not problems,
@@ -251,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{run['elapsed_s']:6.1f} s  cpu {run['cpu_ms_per_page']:5.2f} ms/page "
                         f"(sys {run['sys_ms_per_page']:4.2f}) "
                         f"(db thread {run['db_cpu_ms_per_page']:4.2f}, reactor waits "
-                        f"{run['main_waits_per_page']:4.2f}/page)  "
+                        f"{run['main_waits_per_page']:4.2f}/page, gc {run['gc_ms_per_page']:4.2f} "
+                        f"ms/page in {run['gc_full']} full)  "
                         f"peak RSS {run['peak_rss_mb']:6.1f} MB  {flag}",
                         flush=True,
                     )

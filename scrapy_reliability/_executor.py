@@ -67,7 +67,7 @@ class DatabaseThread:
         self._async_running = False
         self._held: deque[tuple[bool, Callable[[], None]]] = deque()
         self._shortened = True
-        SWITCH.shorten()
+        SWITCH.enter()
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
         if not self._async_running and not self._held:
@@ -192,7 +192,7 @@ class DatabaseThread:
         self._pool.shutdown(wait=True)
         if self._shortened:
             self._shortened = False
-            SWITCH.restore()
+            SWITCH.leave()
 
 
 def _copy(source: Future[T], target: Future[T]) -> None:

@@ -3,8 +3,8 @@ and put back after, each counted so that crawls sharing a process (several crawl
 in one ``CrawlerProcess``) change it once and the last one puts it back. A process
 that set its own value is left alone.
 
-* The GIL's switch interval (:class:`SwitchInterval`), while a database thread runs.
-* The garbage collector's frozen objects (:class:`GcFreeze`), while a spider runs
+* The GIL's switch interval (:data:`SWITCH`), while a database thread runs.
+* The garbage collector's frozen objects (:data:`GC_FREEZE`), while a spider runs
   (``RELIABILITY_GC_FREEZE``).
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+from collections.abc import Callable
 
 __all__ = ["GC_FREEZE", "PYTHON_SWITCH_INTERVAL", "SWITCH", "SWITCH_INTERVAL"]
 
@@ -27,29 +28,28 @@ PYTHON_SWITCH_INTERVAL = 0.005
 SWITCH_INTERVAL = 0.0005
 
 
-class SwitchInterval:
-    """Counts the database threads running; the first shortens the interval, the
-    last puts Python's default back."""
+class _WhileUsed:
+    """A change to the process made by the first user and undone by the last, if the
+    first made it (``apply`` returns whether it did)."""
 
-    def __init__(self) -> None:
+    def __init__(self, apply: Callable[[], bool], undo: Callable[[], None]) -> None:
+        self._apply, self._undo = apply, undo
         self._lock = threading.Lock()
         self.users = 0
+        self._applied = False
 
-    def shorten(self) -> None:
-        """Use :data:`SWITCH_INTERVAL` while a database thread runs, unless the
-        process has set an interval of its own (then it is left as it is)."""
+    def enter(self) -> None:
         with self._lock:
             self.users += 1
-            if self.users == 1 and _is(sys.getswitchinterval(), PYTHON_SWITCH_INTERVAL):
-                sys.setswitchinterval(SWITCH_INTERVAL)
+            if self.users == 1:
+                self._applied = self._apply()
 
-    def restore(self) -> None:
-        """Python's default again once the last database thread has stopped, unless
-        something else has changed the interval meanwhile."""
+    def leave(self) -> None:
         with self._lock:
             self.users = max(0, self.users - 1)
-            if not self.users and _is(sys.getswitchinterval(), SWITCH_INTERVAL):
-                sys.setswitchinterval(PYTHON_SWITCH_INTERVAL)
+            if not self.users and self._applied:
+                self._applied = False
+                self._undo()
 
 
 def _is(interval: float, value: float) -> bool:
@@ -57,9 +57,24 @@ def _is(interval: float, value: float) -> bool:
     return abs(interval - value) < 1e-7
 
 
-class GcFreeze:
-    """``gc.freeze()`` when the first spider opens, ``gc.unfreeze()`` when the last
-    one closes.
+def _shorten_switch_interval() -> bool:
+    """:data:`SWITCH_INTERVAL` while a database thread runs, unless the process has
+    set an interval of its own (then it is left as it is)."""
+    if not _is(sys.getswitchinterval(), PYTHON_SWITCH_INTERVAL):
+        return False
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    return True
+
+
+def _restore_switch_interval() -> None:
+    # Unless something else changed it meanwhile.
+    if _is(sys.getswitchinterval(), SWITCH_INTERVAL):
+        sys.setswitchinterval(PYTHON_SWITCH_INTERVAL)
+
+
+def _freeze() -> bool:
+    """``gc.freeze()`` when the first spider opens (``gc.unfreeze()`` when the last
+    one closes).
 
     A full collection walks every object the collector tracks. When a crawl starts,
     they are mostly the modules of Scrapy, Twisted, SQLAlchemy and the project, which
@@ -70,26 +85,13 @@ class GcFreeze:
     collected). Nothing is frozen while the collector is disabled, nor when the process
     froze objects of its own (it may be a server that forks), which are never thawed
     here."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.users = 0
-        self._ours = False
-
-    def freeze(self) -> None:
-        with self._lock:
-            self.users += 1
-            if self.users == 1 and gc.isenabled() and not gc.get_freeze_count():
-                gc.freeze()
-                self._ours = True
-
-    def unfreeze(self) -> None:
-        with self._lock:
-            self.users = max(0, self.users - 1)
-            if not self.users and self._ours:
-                self._ours = False
-                gc.unfreeze()
+    if not gc.isenabled() or gc.get_freeze_count():
+        return False
+    gc.freeze()
+    return True
 
 
-SWITCH = SwitchInterval()
-GC_FREEZE = GcFreeze()
+#: Entered by each database thread (``_executor.DatabaseThread``), left when it stops.
+SWITCH = _WhileUsed(_shorten_switch_interval, _restore_switch_interval)
+#: Entered when a spider opens its job, left when it closes (``RELIABILITY_GC_FREEZE``).
+GC_FREEZE = _WhileUsed(_freeze, gc.unfreeze)

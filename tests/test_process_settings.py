@@ -26,6 +26,7 @@ def no_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     default interval; the interval as it was afterwards."""
     before = sys.getswitchinterval()
     monkeypatch.setattr(_process.SWITCH, "users", 0)
+    monkeypatch.setattr(_process.SWITCH, "_applied", False)
     sys.setswitchinterval(PYTHON_SWITCH_INTERVAL)
     yield
     sys.setswitchinterval(before)
@@ -53,6 +54,10 @@ def test_an_interval_the_process_set_itself_is_left_alone(no_threads: None) -> N
     assert sys.getswitchinterval() == pytest.approx(0.002)
     thread.shutdown()
     assert sys.getswitchinterval() == pytest.approx(0.002)
+    # The short interval set by the process itself: left alone too.
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    DatabaseThread().shutdown()
+    assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)
     # Changed while the thread ran: not put back to Python's default either.
     sys.setswitchinterval(PYTHON_SWITCH_INTERVAL)
     thread = DatabaseThread()
@@ -64,30 +69,29 @@ def test_an_interval_the_process_set_itself_is_left_alone(no_threads: None) -> N
 def test_gc_freeze_counts_its_users_and_leaves_the_process_own_alone() -> None:
     import gc
 
-    if gc.get_freeze_count():
-        pytest.skip("this test process froze objects before (not by this package)")
-    freeze = _process.GcFreeze()
-    freeze.freeze()
+    gc.unfreeze()  # whatever an earlier test of this process left frozen
+    freeze = _process._WhileUsed(_process._freeze, gc.unfreeze)
+    freeze.enter()
     assert gc.get_freeze_count() > 0
-    freeze.freeze()  # a second crawl in the process
-    freeze.unfreeze()
+    freeze.enter()  # a second crawl in the process
+    freeze.leave()
     assert gc.get_freeze_count() > 0  # one still runs
-    freeze.unfreeze()
+    freeze.leave()
     assert gc.get_freeze_count() == 0
     # Objects the process froze itself: not frozen again, never thawed here.
     gc.freeze()
     try:
-        freeze.freeze()
-        freeze.unfreeze()
+        freeze.enter()
+        freeze.leave()
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
     # The collector turned off: nothing to spare it.
     gc.disable()
     try:
-        freeze.freeze()
+        freeze.enter()
         assert gc.get_freeze_count() == 0
-        freeze.unfreeze()
+        freeze.leave()
     finally:
         gc.enable()
 

@@ -8,10 +8,15 @@ stops at spider_opened until a profiler is attached: it creates ``DIR/opened`` a
 for ``DIR/go``, then records the CPU of each group so far as
 ``bench/thread_cpu_open_s/<group>``; at spider_closed, after the final sample, it creates
 ``DIR/closed`` and waits for ``DIR/go2`` (the profiler has stopped). The profile and the
-CPU difference then cover the same window, spider opened to spider closed."""
+CPU difference then cover the same window, spider opened to spider closed.
+
+From spider_opened to spider_closed it also times the garbage collector's passes
+(``gc.callbacks``): ``bench/gc_s/gen<N>`` and ``bench/gc_count/gen<N>``, seconds in and
+number of collections of each generation (gen2: full collections)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -48,6 +53,9 @@ class ThreadCPU:
         self.crawler = crawler
         self.last: dict[int, tuple[str, float]] = {}
         self.loop = task.LoopingCall(self.sample)
+        self.gc_seconds = [0.0, 0.0, 0.0]
+        self.gc_count = [0, 0, 0]
+        self._gc_start = 0.0
         crawler.signals.connect(self.opened, signal=signals.spider_opened)
         crawler.signals.connect(self.closed, signal=signals.spider_closed)
 
@@ -75,8 +83,17 @@ class ThreadCPU:
             totals[group] = totals.get(group, 0.0) + cpu
         return totals
 
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+            return
+        generation = info["generation"]
+        self.gc_seconds[generation] += time.perf_counter() - self._gc_start
+        self.gc_count[generation] += 1
+
     def opened(self, spider: Any) -> None:
         _gate("opened", "go")
+        gc.callbacks.append(self._gc)
         self.sample()
         if os.environ.get("BENCH_PROFILE_GATE"):
             for group, cpu in self.totals().items():
@@ -88,6 +105,12 @@ class ThreadCPU:
     def closed(self, spider: Any, reason: str) -> None:
         if self.loop.running:
             self.loop.stop()
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
+        for generation in range(3):
+            stats = self.crawler.stats
+            stats.set_value(f"bench/gc_s/gen{generation}", round(self.gc_seconds[generation], 4))
+            stats.set_value(f"bench/gc_count/gen{generation}", self.gc_count[generation])
         self.sample()
         for group, cpu in self.totals().items():
             self.crawler.stats.set_value(f"bench/thread_cpu_s/{group}", round(cpu, 2))

@@ -127,7 +127,7 @@ class Session:
             stats.set_value("reliability/job/already_finished", True)
             return
         if ctx.config.gc_freeze:
-            GC_FREEZE.freeze()
+            GC_FREEZE.enter()
             self._frozen = True
         job, recovered, counts = opened.job, opened.recovered, opened.counts
         ctx.frontier = opened.frontier
@@ -390,7 +390,7 @@ class Session:
     def _spider_closed(self, spider: Spider, reason: str) -> None:
         if self._frozen:
             self._frozen = False
-            GC_FREEZE.unfreeze()
+            GC_FREEZE.leave()
         # After CoreStats wrote ``finish_reason`` (it connects first).
         if self._finish_reason is not None:
             self.ctx.stats.set_value("finish_reason", self._finish_reason)

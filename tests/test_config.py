@@ -63,6 +63,7 @@ def test_values_are_parsed():
             "RELIABILITY_HEARTBEAT_SECONDS",
         ),
         ({"RELIABILITY_AUTO_MIGRATE": "maybe"}, "RELIABILITY_AUTO_MIGRATE"),
+        ({"RELIABILITY_GC_FREEZE": "sometimes"}, "RELIABILITY_GC_FREEZE"),
     ],
 )
 def test_bad_values_name_the_setting(settings, named):
@@ -266,6 +267,7 @@ CONFIG_SETTINGS = (
     "RELIABILITY_DEAD_LETTER_ITEMS",
     "RELIABILITY_RETRY_PASS",
     "RELIABILITY_RESTART_FINISHED",
+    "RELIABILITY_GC_FREEZE",
     "RELIABILITY_DOMAIN_RATE",
     "RELIABILITY_DOMAIN_BURST",
     "RELIABILITY_DOMAIN_CONCURRENCY",

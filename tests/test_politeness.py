@@ -124,6 +124,42 @@ def test_token_bucket_and_concurrency_cap_at_claim(frontier_url: str):
         frontier.close()
 
 
+def test_a_sqlite_claim_under_domain_limits_costs_six_statements(sqlite_url: str):
+    """A claim that domain limits decide, on SQLite: BEGIN, the candidates, the
+    domain rows with their leased counts (one statement: the transaction holds the
+    write lock), the token buckets, the lease returning the rows it leased, COMMIT.
+    Each claim of a polite crawl paid two more before (the leased counts and the
+    leased rows were statements of their own). The counts read in that one
+    statement still hold the cap: a third worker finds the domain full."""
+    frontier = Frontier.connect(sqlite_url)
+    try:
+        job = frontier.open_job("polite", "s").id
+        add(frontier, job, _rows("a.test", 10))
+        policy = Politeness(DomainLimits(rate=5.0, burst=2, concurrency=3))
+        now = 1000.0
+
+        def claim(worker: str, limit: int) -> tuple[Any, int]:
+            before = frontier.round_trips
+            result = frontier.claim(
+                job, worker, limit, lease_seconds=30, politeness=policy, now=now
+            )
+            return result, frontier.round_trips - before
+
+        first, _ = claim("w1", 2)  # the burst; creates the domain's row
+        assert len(first.rows) == 2 and first.starts == {}
+        second, trips = claim("w2", 1)  # the next token, 1/rate ahead
+        assert [r.fingerprint for r in second.rows] == ["a.test-2"]
+        assert list(second.starts.values()) == pytest.approx([now + 0.2])
+        assert trips == 6
+        # Three leased: at the cap, whatever the tokens say. (A short claim also
+        # reads when the next row may start: the candidates twice, that read.)
+        full, trips = claim("w3", 1)
+        assert full.rows == [] and full.ready["a.test"] == float("inf")
+        assert trips == 6
+    finally:
+        frontier.close()
+
+
 def test_a_paused_domain_persists_and_never_blocks_the_others(frontier_url: str):
     frontier = Frontier.connect(frontier_url)
     try:
@@ -194,12 +230,16 @@ def test_rate_5_per_second_burst_1_with_one_worker(tmp_path: Path):
 
 def test_a_polite_crawl_costs_few_database_round_trips_per_page(tmp_path: Path):
     """At 4 requests/s per domain (burst 4, 4 at once) a worker neither polls nor
-    writes a transaction per page: acks linger for the next claim to carry them, and
-    a claim comes when the requests held for their tokens' times run low.
+    writes a transaction per page: acks and new links linger for the next claim to
+    carry them (also when the worker holds no request to start but the last claim
+    said their domains may start only later), and a claim comes when the requests
+    held for their tokens' times run low.
 
     ``bench/polite_cost.py`` measures the issue's figure (at most 4) on a longer
-    crawl; this one pays its start and end on fewer pages and batches less when the
-    machine is loaded (3.5-4.2 seen), so it allows 5. Before, 17-19."""
+    crawl; this one pays its start and end on fewer pages. 2.35-2.37 seen with CI
+    running beside it; 3.5-4.2 when an ack and new links were written at once
+    whenever the worker held no request to start, or joined new links' brief
+    linger; 17-19 before acks lingered at all."""
     config = SiteConfig(pages=40, latency_ms=20)
     with SiteProcess(config) as site:
         items = tmp_path / "items.jsonl"
@@ -220,7 +260,7 @@ def test_a_polite_crawl_costs_few_database_round_trips_per_page(tmp_path: Path):
     assert trips and pages, log[-2000:]
     per_page = int(trips[1]) / int(pages[1])
     print(f"database round trips per page at the polite defaults: {per_page:.2f}")
-    assert per_page <= 5
+    assert per_page <= 3.2
 
 
 @pytest.mark.slow

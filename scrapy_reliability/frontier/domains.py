@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, func, or_, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, literal_column, or_, select, update
 
 from scrapy_reliability.frontier import adaptive as ad
 from scrapy_reliability.frontier import dialect
@@ -22,6 +22,26 @@ _SET_TAT = (
     .values(tat=bindparam("b_tat"))
 )
 
+# SQLite: a claim's domain rows and their leased counts in one statement (the
+# transaction holds the database's write lock, so nothing can lease in between).
+# The literal 'leased' lets SQLite use the partial index on leased rows.
+_LEASED_HERE = (
+    select(func.count())
+    .where(
+        requests.c.job_id == domains.c.job_id,
+        requests.c.domain == domains.c.domain,
+        requests.c.state == literal_column(f"'{LEASED}'"),
+    )
+    .scalar_subquery()
+)
+_STATES_WITH_LEASED = (
+    select(domains, _LEASED_HERE.label("leased_here"))
+    .where(
+        domains.c.job_id == bindparam("l_job"),
+        domains.c.domain.in_(bindparam("l_names", expanding=True)),
+    )
+    .order_by(domains.c.domain)
+)
 
 # One executemany per write for every domain whose adaptive rate moved.
 _SET_ADAPTIVE = (
@@ -78,6 +98,7 @@ class DomainRows:
 
     def __init__(self, engine: Engine):
         self._engine = engine
+        self._sqlite = dialect.is_sqlite(engine)
         self._insert = dialect.insert_ignore(domains, engine)
         self._known: set[tuple[int, str]] = set()
         self._new: set[tuple[int, str]] = set()
@@ -141,6 +162,14 @@ class DomainRows:
             return
         ordered = sorted(names)
         self.ensure(conn, job_id, ordered, now)
+        if self._sqlite:
+            for row in conn.execute(_STATES_WITH_LEASED, {"l_job": job_id, "l_names": ordered}):
+                into[row.domain] = state = domain_state(row, int(row.leased_here))
+                self._remember(job_id, row.domain, state.adaptive)
+            return
+        # PostgreSQL: the leased counts are read after the rows are locked (READ
+        # COMMITTED: the second statement's snapshot sees every claim that held
+        # one of these rows and has committed).
         rows = conn.execute(
             select(domains)
             .where(domains.c.job_id == job_id, domains.c.domain.in_(ordered))

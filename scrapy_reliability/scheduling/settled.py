@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydispatch import dispatcher  # type: ignore[import-untyped]
 
 from scrapy_reliability import signals as reliability_signals
-from scrapy_reliability.frontier import Outcome, Transition
-from scrapy_reliability.scheduling.leases import Lease
+from scrapy_reliability.frontier import LeaseLost, Outcome, Transition, WriteResult
+from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.leases import Lease, LeaseBook
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -115,3 +116,36 @@ def send(crawler: Crawler, lease: Lease, tr: Transition, worker_id: str, to: Rec
             logger.exception("Error caught in a request_settled receiver %r", receiver)
     if to.signal:
         crawler.signals.send_catch_log(reliability_signals.request_settled, event=event)
+
+
+def account(
+    ctx: Context, leases: LeaseBook, result: WriteResult, transitions: Sequence[Transition]
+) -> tuple[set[str] | None, bool]:
+    """The committed ``transitions`` of a write (``result``): their leases end, their
+    stats count and their outcomes go to who listens; leases found lost are
+    forgotten and logged. Returns the domains whose leases ended (None when one is
+    not known) and whether rows went back to pending."""
+    by_id = {tr.task_id: tr for tr in transitions}
+    to = receivers(ctx.crawler)
+    freed: set[str] | None = set()
+    requeued = False
+    for task_id in result.settled:
+        tr = by_id[task_id]
+        leases.forget(task_id, tr.token)
+        lease = leases.end_settling(task_id, tr.token)
+        ctx.tally.add(STAT_OF[tr.outcome])
+        requeued = requeued or tr.outcome in (Outcome.RESCHEDULE, Outcome.RELEASE)
+        if lease is None:
+            freed = None
+        elif freed is not None:
+            freed.add(lease.domain)
+        if to is not None and lease is not None:
+            send(ctx.crawler, lease, tr, ctx.worker_id, to)
+    if result.lost:
+        ctx.stats.inc_value("reliability/lease/lost", len(result.lost))
+        for task_id in result.lost:
+            leases.forget(task_id, by_id[task_id].token)
+            leases.end_settling(task_id, by_id[task_id].token)
+        logger.warning("%(error)s", {"error": LeaseLost(result.lost)}, extra=ctx.log())
+    ctx.tally.flush()
+    return freed, requeued

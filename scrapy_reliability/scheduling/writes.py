@@ -10,6 +10,7 @@ before anything newer, so a parent's ack never overtakes its children.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -22,7 +23,6 @@ from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import (
     ClaimResult,
     ClaimSpec,
-    LeaseLost,
     NewRequest,
     Outcome,
     Transition,
@@ -81,6 +81,10 @@ class Claims(Protocol):
         self, inserted: set[str], settled: set[str] | None, requeued: bool
     ) -> None: ...
 
+    def claim_after(
+        self, inserted: set[str], settled: set[str] | None, requeued: bool
+    ) -> float: ...
+
     def carry_with(self, inserted: set[str], settled: set[str] | None, requeued: bool) -> bool: ...
 
 
@@ -117,6 +121,7 @@ class WritePipeline:
         # The scheduled write: soon, or after the linger (see urgent()).
         self._call: Any = None
         self._lingering = False
+        self._streamed = False  # the scheduled write is a brief ``batches.streams`` linger
         #: Transitions buffered that make a write urgent (the engine's in-flight
         #: bound counts the leases they end); set by the Scheduler.
         self.urgent_transitions = 8
@@ -147,17 +152,32 @@ class WritePipeline:
     def urgent(self) -> bool:
         """Whether the buffered changes should be written now rather than linger
         (``batches.linger``) for more to join them or for a claim to carry them:
-        when the worker holds no claimed request to start (the engine may wait for
-        these very rows, or the crawl is ending), with ``RELIABILITY_WRITE_LINGER``
-        0, for the parts of a failed write, and as ``writes_now`` says."""
+        when the worker holds no claimed request to start and these changes may
+        make one due now (see :meth:`_waited_for`), with
+        ``RELIABILITY_WRITE_LINGER`` 0, for the parts of a failed write, and as
+        ``writes_now`` says."""
         if self.streaming():
             return False
         return (
             self.ctx.config.write_linger <= 0
             or bool(self.split)
-            or not self.claims.ready
             or writes_now(self.batch, max_transitions=self.urgent_transitions)
+            or (not self.claims.ready and self._waited_for())
         )
+
+    def _claim_after(self) -> float:
+        """When landing the buffered changes makes a claim worth its transaction."""
+        return self.claims.claim_after(*claim_inputs(self.batch, self._lease_domain))
+
+    def _waited_for(self) -> bool:
+        """Whether the engine, holding no claimed request, may wait for these very
+        changes (rows a claim could take now) or, with no claim coming, for the end
+        of the crawl. Not when the last claim said none of their domains may start
+        before a later time: they ride with that claim, one transaction, not two."""
+        after = self._claim_after()
+        if after <= self.ctx.clock.seconds() + _AFTER_CLAIM:
+            return True
+        return math.isinf(after) and math.isinf(self.claims.next_claim_at())
 
     def streaming(self) -> bool:
         """New requests alone wait for more (``batches.streams``), linger on."""
@@ -181,29 +201,40 @@ class WritePipeline:
         # With a write in flight, its completion writes what gathered meanwhile.
         if self.ctx.closing or self.in_flight is not None:
             return
-        if self._scheduled and not (self._lingering and self.urgent()):
+        if self._scheduled and not (self._lingering and self._rescheduled()):
             return
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._scheduled = True
         self._lingering = not self.urgent()
+        self._streamed = self._lingering and self.streaming()
         delay = 0.0
         if self._lingering:
-            paced = self.claims.holds_for_later()
+            # Paced: a buffered request waits for its token's time, or none does
+            # and these changes cannot start one before a later claim.
+            paced = self.claims.holds_for_later() or not self.claims.ready
             delay = linger(self.streaming(), paced, self.ctx.config.write_linger)
             # A claim due before the linger ends carries the batch: wait for it
             # (a hair longer, so that its timer runs first).
-            claim_in = self.claims.next_claim_at() - self.ctx.clock.seconds()
+            claim_at = self.claims.next_claim_at()
+            if not self.claims.ready:
+                claim_at = min(claim_at, self._claim_after())
+            claim_in = claim_at - self.ctx.clock.seconds()
             if 0 < claim_in < delay:
                 delay = claim_in + _AFTER_CLAIM
         self._call = self.ctx.clock.callLater(delay, self.write)
+
+    def _rescheduled(self) -> bool:
+        """Whether what joined a lingering write changes its time: it turned urgent,
+        or an ack joined new requests lingering briefly (``batches.streams``)."""
+        return self.urgent() or (self._streamed and not self.streaming())
 
     # -- writing ------------------------------------------------------------------------------
 
     def write(self, claim: bool = False) -> None:
         """Start the next write: the first part of a failed one, else the batch
         (with a claim riding on it when one is wanted)."""
-        self._scheduled = self._lingering = False
+        self._scheduled = self._lingering = self._streamed = False
         if self._call is not None and self._call.active():
             self._call.cancel()
         ctx = self.ctx
@@ -320,29 +351,7 @@ class WritePipeline:
                 self.written.keep(row.fingerprint, row.payload, request)
         inserted = len(result.inserted)
         stats.inc_value("reliability/stored", inserted)
-        transitions = {tr.task_id: tr for tr in batch.transitions}
-        receivers = settled.receivers(self.ctx.crawler)
-        freed: set[str] | None = set()
-        requeued = False
-        for task_id in result.settled:
-            tr = transitions[task_id]
-            self.leases.forget(task_id, tr.token)
-            lease = self.leases.end_settling(task_id, tr.token)
-            self.ctx.tally.add(settled.STAT_OF[tr.outcome])
-            requeued = requeued or tr.outcome in (Outcome.RESCHEDULE, Outcome.RELEASE)
-            if lease is None:
-                freed = None
-            elif freed is not None:
-                freed.add(lease.domain)
-            if receivers is not None and lease is not None:
-                settled.send(self.ctx.crawler, lease, tr, self.ctx.worker_id, receivers)
-        if result.lost:
-            stats.inc_value("reliability/lease/lost", len(result.lost))
-            for task_id in result.lost:
-                self.leases.forget(task_id, transitions[task_id].token)
-                self.leases.end_settling(task_id, transitions[task_id].token)
-            logger.warning("%(error)s", {"error": LeaseLost(result.lost)}, extra=self.ctx.log())
-        self.ctx.tally.flush()
+        freed, requeued = settled.account(self.ctx, self.leases, result, batch.transitions)
         if result.adapted:
             report_adapted(self.ctx, result.adapted)
         if inserted or result.settled:

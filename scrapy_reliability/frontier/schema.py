@@ -236,8 +236,27 @@ domains = Table(
     Column("learned_limit", Float, nullable=False, server_default=text("0")),
     Column("probe_interval", Float, nullable=False, server_default=text("0")),
     Column("next_probe_at", Float, nullable=False, server_default=text("0")),
+    # Across runs (frontier/domains.py, carry_learned_rates): the configured rate the
+    # limit was learned under (0: unknown), when it was last confirmed by a counted
+    # throttle, and how many counted throttles this run's learning rests on.
+    Column("learned_ceiling", Float, nullable=False, server_default=text("0")),
+    Column("learned_at", Float, nullable=False, server_default=text("0")),
+    Column("throttles", Integer, nullable=False, server_default=text("0")),
     # The previous version's rate factor: written on insert, no longer read.
     CheckConstraint("rate_factor > 0 AND rate_factor <= 1", name="rate_factor"),
+)
+
+#: Tombstones: a job that ``scrapy frontier move`` copied to another database. The
+#: source keeps one row per job name, so a crawl, retry pass or operator write on the
+#: old home refuses with a line naming the new one. Not keyed by job id: it outlives
+#: the job's rows (``move --delete-source``).
+moves = Table(
+    "reliability_moves",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    # The target URL, its password masked.
+    Column("target", Text, nullable=False),
+    Column("moved_at", Float, nullable=False),
 )
 
 #: The HTTP cache (scrapy_reliability.HttpCacheStorage): one response per request

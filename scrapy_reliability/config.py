@@ -41,6 +41,8 @@ from scrapy_reliability.settings_values import (
 
 #: RELIABILITY_WRITE_LINGER at most: what a kill -9 fetches again grows with it.
 MAX_LINGER = 5.0
+#: RELIABILITY_KEEP_RUNS at most.
+MAX_KEEP_RUNS = 1000
 
 # With SettingError and limits_text, which the package imports from here.
 __all__ = [
@@ -207,8 +209,16 @@ class Config:
     dead_letter_feeds: tuple[str, ...] = ()
     #: Set by ``scrapy retrypass``: which dead letters this run re-crawls.
     retry_pass: RetryPass | None = None
-    #: When the job's last run finished, start a new run instead of exiting.
-    restart_finished: bool = False
+    #: When the job's last run finished: True, a new run; False, nothing is crawled
+    #: (said at WARNING); None (not set), a new run, or an incremental recrawl when
+    #: RELIABILITY_RECRAWL_AFTER is on.
+    restart_finished: bool | None = None
+    #: Runs of a job whose rows are kept; older runs' rows are deleted when a new
+    #: run starts (their lines in ``reliability_jobs`` stay).
+    keep_runs: int = 2
+    #: Seconds a learned domain limit is remembered for the next runs, fading as it
+    #: ages (frontier/learned.py); 0: a new run never starts from one.
+    adaptive_memory: float = 7 * 86_400.0
     #: Leave the objects alive when the spider opens out of the garbage collector's
     #: passes until it closes (``gc.freeze()``; see ``scrapy_reliability._process``).
     gc_freeze: bool = True
@@ -286,7 +296,20 @@ class Config:
             ),
             dead_letter_feeds=dead_letter_feeds(settings),
             retry_pass=RetryPass.from_setting(settings.get("RELIABILITY_RETRY_PASS")),
-            restart_finished=_bool(settings, "RELIABILITY_RESTART_FINISHED", cls.restart_finished),
+            restart_finished=(
+                None
+                if settings.get("RELIABILITY_RESTART_FINISHED") is None
+                else _bool(settings, "RELIABILITY_RESTART_FINISHED", True)
+            ),
+            keep_runs=positive_int(
+                settings, "RELIABILITY_KEEP_RUNS", cls.keep_runs, maximum=MAX_KEEP_RUNS
+            ),
+            adaptive_memory=nonnegative_float(
+                settings,
+                "RELIABILITY_ADAPTIVE_MEMORY_SECONDS",
+                cls.adaptive_memory,
+                maximum=MAX_AGE_SECONDS,
+            ),
             gc_freeze=_bool(settings, "RELIABILITY_GC_FREEZE", cls.gc_freeze),
             politeness=politeness,
             limits_origin=origin,

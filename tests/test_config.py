@@ -267,6 +267,8 @@ CONFIG_SETTINGS = (
     "RELIABILITY_DEAD_LETTER_ITEMS",
     "RELIABILITY_RETRY_PASS",
     "RELIABILITY_RESTART_FINISHED",
+    "RELIABILITY_KEEP_RUNS",
+    "RELIABILITY_ADAPTIVE_MEMORY_SECONDS",
     "RELIABILITY_GC_FREEZE",
     "RELIABILITY_DOMAIN_RATE",
     "RELIABILITY_DOMAIN_BURST",
@@ -357,8 +359,11 @@ def _assert_in_range(config: Config) -> None:
     assert 0 < config.sqlite_busy_timeout <= MAX_SECONDS
     assert config.dedup_cache_size >= 1
     assert config.max_in_flight is None or config.max_in_flight >= 1
-    for flag in (config.auto_migrate, config.dead_letter_items, config.restart_finished):
+    for flag in (config.auto_migrate, config.dead_letter_items):
         assert isinstance(flag, bool)
+    assert config.restart_finished in (None, True, False)
+    assert 1 <= config.keep_runs <= 1000
+    assert math.isfinite(config.adaptive_memory) and config.adaptive_memory >= 0
     if config.retry_pass is not None:
         assert math.isfinite(config.retry_pass.min_age) and config.retry_pass.min_age >= 0
     politeness = config.politeness

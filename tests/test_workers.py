@@ -86,7 +86,7 @@ def test_four_workers_three_killed_and_replaced(tmp_path: Path, postgres_url: st
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
-def test_a_worker_joining_a_finished_job_exits_at_once(
+def test_a_late_worker_told_not_to_restart_a_finished_job_exits_at_once(
     tmp_path: Path, backend: str, request: pytest.FixtureRequest
 ):
     config = SiteConfig(pages=30)
@@ -102,18 +102,19 @@ def test_a_worker_joining_a_finished_job_exits_at_once(
         first = count_lines(site.log_path)
         assert len(pages_in(items)) == 3 * config.pages
 
+        # A fleet's late worker, told that a finished job stays finished.
+        crawl.settings.append("RELIABILITY_RESTART_FINISHED=False")
         started = time.monotonic()
         assert crawl.run() == 0, crawl.log()[-2000:]
         took = time.monotonic() - started
         late = crawl.log()
         assert count_lines(site.log_path) == first  # nothing fetched
-        assert "already finished; nothing to do" in late
-        assert "RELIABILITY_RESTART_FINISHED" in late
+        assert "already finished and RELIABILITY_RESTART_FINISHED is False" in late
         assert "'reliability/job/already_finished': True" in late
         print(f"{backend}: the late worker exited after {took:.1f} s, fetching nothing")
 
-        # Asked for, a new run crawls the site again from its start requests.
-        crawl.settings.append("RELIABILITY_RESTART_FINISHED=True")
+        # By default, a finished job's next crawl is a new run from its start requests.
+        crawl.settings.remove("RELIABILITY_RESTART_FINISHED=False")
         assert crawl.run() == 0, crawl.log()[-2000:]
-        assert "Starting job" in crawl.log() and "(run 2)" in crawl.log()
+        assert "New run 2 of job" in crawl.log()
         assert count_lines(site.log_path) >= 2 * first

@@ -5,7 +5,8 @@ with the same settings would; ``--database-url`` and ``--job`` override):
 
 * ``status SPIDER``: requests by state, per domain, dead letters by class, the
   oldest pending request, live workers and their leases.
-* ``domains SPIDER``: per-domain counts, pauses, adaptive rate, Crawl-delay.
+* ``domains SPIDER``: per-domain counts, pauses, adaptive rate (what it learned, from
+  how many throttles, when), Crawl-delay; ``--forget`` forgets what was learned.
 * ``explain [SPIDER] URL...``: why a URL is where it is (done; leased by which
   worker until when; not before T; domain paused until T; waiting for a token or
   a slot; due; never seen).
@@ -40,7 +41,12 @@ from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.commands.doctor import check_setup
 from scrapy_reliability.commands.explain import explain_urls
 from scrapy_reliability.commands.move import move_job
-from scrapy_reliability.commands.operations import migrate_schema, purge, requeue_dead
+from scrapy_reliability.commands.operations import (
+    forget_learned,
+    migrate_schema,
+    purge,
+    requeue_dead,
+)
 from scrapy_reliability.commands.rekey import rekey
 from scrapy_reliability.commands.report import write_report
 from scrapy_reliability.commands.report_html import ReportAssetMissing
@@ -48,10 +54,16 @@ from scrapy_reliability.commands.reports import show_dead, show_domains, show_st
 from scrapy_reliability.config import SettingError
 from scrapy_reliability.frontier.errors import FrontierError, first_line
 
+
+def domains(ctx: Context, args: list[str]) -> None:
+    """``domains``: shown, or with ``--forget`` what they learned forgotten."""
+    (forget_learned if ctx.opts.forget else show_domains)(ctx, args)
+
+
 #: Each subcommand and the function that runs it (False from it: exit status 1).
 HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
     "status": show_status,
-    "domains": show_domains,
+    "domains": domains,
     "explain": explain_urls,
     "dead": show_dead,
     "report": write_report,
@@ -64,6 +76,16 @@ HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
     "doctor": check_setup,
 }
 SUBCOMMANDS = tuple(HANDLERS)
+
+
+def check_arguments(args: list[str]) -> None:
+    """Refuse what Scrapy's option parser left over (``parse_known_args``) that is
+    no subcommand and its arguments: an unknown option, a missing subcommand."""
+    if not args or args[0] not in SUBCOMMANDS:
+        raise UsageError(f"expected a subcommand: {', '.join(SUBCOMMANDS)}")
+    unknown = [a for a in args[1:] if a.startswith("-")]
+    if unknown:
+        raise UsageError(f"unknown option {unknown[0]!r} (see scrapy frontier -h)")
 
 
 class FrontierCommand(ScrapyCommand):
@@ -80,7 +102,8 @@ class FrontierCommand(ScrapyCommand):
     def long_desc(self) -> str:
         return (
             "Subcommands: status SPIDER (counts, domains, dead letters, oldest pending, "
-            "workers); domains SPIDER; explain [SPIDER] URL... (why a URL is where it is); "
+            "workers); domains SPIDER (--forget: what their rates learned); explain "
+            "[SPIDER] URL... (why a URL is where it is); "
             "dead SPIDER (list, --output FILE to export); report SPIDER -o FILE (an HTML "
             "report with charts, opens offline); requeue SPIDER (dead requests "
             "back to pending); purge SPIDER (--dead-letters, --pending or --whole-job, with "
@@ -161,13 +184,14 @@ class FrontierCommand(ScrapyCommand):
         group.add_argument(
             "--to", metavar="URL", help="move: the database to copy the job to (source kept)"
         )
+        group.add_argument(
+            "--forget",
+            action="store_true",
+            help="domains: forget the limits their adaptive rate learned (--domain: only those)",
+        )
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        if not args or args[0] not in SUBCOMMANDS:
-            raise UsageError(f"expected a subcommand: {', '.join(SUBCOMMANDS)}")
-        unknown = [a for a in args[1:] if a.startswith("-")]
-        if unknown:
-            raise UsageError(f"unknown option {unknown[0]!r} (see scrapy frontier -h)")
+        check_arguments(args)
         assert self.settings is not None
         handler = HANDLERS[args[0]]
         context = Context(self.settings, opts)

@@ -1,6 +1,6 @@
 """The subcommands that change the frontier: ``requeue`` (dead requests back to
-pending), ``purge`` (dead letters, pending requests or a whole job) and
-``migrate`` (the schema)."""
+pending), ``purge`` (dead letters, pending requests or a whole job), ``domains
+--forget`` (what the domains' adaptive rates learned) and ``migrate`` (the schema)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from scrapy.exceptions import UsageError
 
 from scrapy_reliability.commands.context import CommandFailed, Context
-from scrapy_reliability.frontier import dialect, migrate
+from scrapy_reliability.frontier import dialect, learned, migrate
 
 
 def requeue_dead(ctx: Context, args: list[str]) -> None:
@@ -73,6 +73,34 @@ def purge(ctx: Context, args: list[str]) -> None:
         ctx.out(f"Would purge {what}. Pass --yes to do it.")
     else:
         ctx.out(f"Purged {what}.")
+
+
+def forget_learned(ctx: Context, args: list[str]) -> None:
+    """``domains --forget``: what the job's domains (or ``--domain``) learned is
+    forgotten; they run at their configured rate again, for every worker at once."""
+    spider = ctx.one_spider(args)
+    inspector, job = ctx.job(spider)
+    names = [d.lower() for d in ctx.split(ctx.opts.domain)]
+    with ctx.writing(), inspector.engine.begin() as conn:
+        forgotten = learned.forget(conn, job.id, names, dry_run=ctx.opts.dry_run)
+    if ctx.opts.json:
+        ctx.print_json(
+            {
+                "job": job.name,
+                "dry_run": ctx.opts.dry_run,
+                "forgotten": [{"domain": d, "learned_limit": n} for d, n in forgotten],
+            }
+        )
+        return
+    verb = "Would forget" if ctx.opts.dry_run else "Forgot"
+    if not forgotten:
+        ctx.out(f"No learned limit in job {job.name} (run {job.generation}) to forget.")
+        return
+    ctx.out(
+        f"{verb} the learned limits of {len(forgotten)} domains of job {job.name} (run "
+        f"{job.generation}); they run at their configured rate again: "
+        + ", ".join(f"{d} ({n:.3g}/s)" for d, n in forgotten)
+    )
 
 
 def migrate_schema(ctx: Context, args: list[str]) -> None:

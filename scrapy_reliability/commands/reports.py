@@ -200,6 +200,10 @@ def _rate_text(d: DomainInfo, limits: Politeness | None, ctx: Context) -> str:
     rate = adaptive.current_rate(d.adaptive, configured, limits.adaptive)
     if learned.endswith("holding"):
         learned += f" until {when(d.adaptive.next_probe_at, ctx.now)}"
+    if d.throttles:
+        learned += f"; {d.throttles} throttles"
+    if d.learned_at:
+        learned += f", last {ago(ctx.now - d.learned_at)} ago"
     return f"{rate:.3g}/s ({learned})"
 
 

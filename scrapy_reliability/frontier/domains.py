@@ -53,6 +53,9 @@ _SET_ADAPTIVE = (
         last_decrease_at=bindparam("b_decrease"),
         probe_interval=bindparam("b_interval"),
         next_probe_at=bindparam("b_probe"),
+        learned_ceiling=bindparam("b_ceiling"),
+        learned_at=bindparam("b_learned_at"),
+        throttles=bindparam("b_throttles"),
     )
 )
 
@@ -268,6 +271,9 @@ class DomainRows:
             .with_for_update()
         ).all()
         changed: dict[str, tuple[ad.AdaptiveState, ad.AdaptiveState]] = {}
+        # What a changed state rests on (see frontier/learned.py): the configured
+        # rate, when a throttle last confirmed it, how many counted throttles.
+        basis: dict[str, tuple[float, float, int]] = {}
         for name in set(grown) - {row.domain for row in rows}:
             self._learned.discard((job_id, name))  # another worker's write forgot it
         for row in rows:
@@ -286,13 +292,19 @@ class DomainRows:
             if ceiling <= 0:
                 continue
             before = state = adaptive_state(row)
+            counted = int(row.throttles or 0) if before.limit > 0 else 0
+            learned_at = float(row.learned_at or 0.0)
             # Throttles first: the rate a 429 observed is the one before this
             # batch's successes grew it.
             for sent_at in throttles.get(name, ()):
+                decreased = state.last_decrease_at
                 state = ad.on_throttle(state, now, params, ceiling=ceiling, sent_at=sent_at)
+                if state.last_decrease_at != decreased:
+                    counted, learned_at = counted + 1, now
             state = ad.on_success(state, now, params, ceiling=ceiling, count=successes.get(name, 0))
             if state != before:
                 changed[name] = (before, state)
+                basis[name] = (ceiling, learned_at, counted) if state.limit > 0 else (0.0, 0.0, 0)
         for name, (_, st) in changed.items():
             self._remember(job_id, name, st)
         if changed:
@@ -307,6 +319,9 @@ class DomainRows:
                         "b_decrease": st.last_decrease_at,
                         "b_interval": st.probe_interval,
                         "b_probe": st.next_probe_at,
+                        "b_ceiling": basis[name][0],
+                        "b_learned_at": basis[name][1],
+                        "b_throttles": basis[name][2],
                     }
                     for name, (_, st) in changed.items()
                 ],
@@ -324,39 +339,6 @@ class DomainRows:
                 .where(domains.c.job_id == job_id, domains.c.domain == upd.domain)
                 .values(crawl_delay=upd.crawl_delay)
             )
-
-
-def carry_learned_rates(conn: Connection, previous_job: int, job_id: int, now: float) -> int:
-    """A new run of a job starts each domain at the rate the previous run learned
-    (held for one probe interval before probing), not at the configured one.
-    Only what was learned is carried: no token bucket, pause or Crawl-delay.
-    Returns the number of domains carried."""
-    rows = conn.execute(
-        select(domains).where(domains.c.job_id == previous_job, domains.c.learned_limit > 0)
-    ).all()
-    carried = []
-    for row in rows:
-        state = ad.resume(adaptive_state(row), now)
-        if state.limit <= 0:
-            continue
-        carried.append(
-            {
-                "job_id": job_id,
-                "domain": row.domain,
-                "tat": 0.0,
-                "paused_until": 0.0,
-                "rate_factor": 1.0,
-                "created_at": now,
-                "adaptive_rate": state.rate,
-                "learned_limit": state.limit,
-                "last_decrease_at": state.last_decrease_at,
-                "probe_interval": state.probe_interval,
-                "next_probe_at": state.next_probe_at,
-            }
-        )
-    if carried:
-        conn.execute(domains.insert(), carried)
-    return len(carried)
 
 
 def learned_states(conn: Connection, job_id: int, limit: int) -> dict[str, ad.AdaptiveState]:

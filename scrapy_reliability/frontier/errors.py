@@ -84,9 +84,10 @@ class JobFinished(FrontierError):
         self.generation = generation
         self.finished_at = finished_at
         super().__init__(
-            f"Job {name!r} (run {generation}) already finished; nothing to do. To crawl "
-            "it again from its start requests set RELIABILITY_RESTART_FINISHED = True "
-            "(on one worker), or start another job (another JOBDIR or RELIABILITY_JOB)."
+            f"Job {name!r} (run {generation}) already finished and "
+            "RELIABILITY_RESTART_FINISHED is False: nothing is crawled. Unset it (a finished "
+            "job's next crawl is then a new run), or start another job (another JOBDIR or "
+            "RELIABILITY_JOB)."
         )
 
 

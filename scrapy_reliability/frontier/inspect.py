@@ -490,6 +490,9 @@ def _domains(conn: Connection, job_id: int, *, only: Sequence[str]) -> list[Doma
                 created_at=float(st.created_at),
                 next_due=due.get(name),
                 known=True,
+                learned_ceiling=float(st.learned_ceiling or 0.0),
+                learned_at=float(st.learned_at or 0.0),
+                throttles=int(st.throttles or 0),
             )
         )
     return found

@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, Table, delete, func, select, update
 
-from scrapy_reliability.frontier import operations
-from scrapy_reliability.frontier.domains import carry_learned_rates
+from scrapy_reliability.frontier import learned, operations
 from scrapy_reliability.frontier.errors import JobFinished, JobMismatch
 from scrapy_reliability.frontier.records import UNPROCESSED_CLASSES, Job
 from scrapy_reliability.frontier.recrawl import RecrawlRules, Reopened, reopen_due
@@ -21,6 +20,8 @@ from scrapy_reliability.frontier.schema import (
     JOB_RUNNING,
     LEASED,
     PENDING,
+    dead_letters,
+    domains,
     fingerprints,
     jobs,
     requests,
@@ -41,6 +42,7 @@ def open_job(
     restart_finished: bool,
     now: float,
     recrawl: RecrawlRules | None = None,
+    rules: learned.LearnedRules | None = None,
 ) -> Job:
     """See :meth:`Frontier.open_job`; raises IntegrityError when another worker
     created the same generation meanwhile."""
@@ -73,6 +75,9 @@ def open_job(
             )
         if row.url_policy != url_policy:
             _check_policy_change(conn, name, row.id, row.url_policy, url_policy)
+        # A running job was interrupted (or is being crawled by others): its
+        # workers' last sign of life is when the previous run ended.
+        ended = row.finished_at if row.state != JOB_RUNNING else _last_seen(conn, row.id)
         due = Reopened()
         if recrawls and row.state != JOB_RUNNING:
             assert recrawl is not None
@@ -92,6 +97,9 @@ def open_job(
             url_policy,
             recrawl_due=due.due,
             recrawl_parse=due.parse,
+            previous_state=str(row.state),
+            previous_ended_at=ended,
+            learned=learned.review_running(conn, row.id, rules, now),
         )
     generation = 1 if row is None else row.generation + 1
     job_id = conn.execute(
@@ -106,9 +114,56 @@ def open_job(
         )
         .returning(jobs.c.id)
     ).scalar_one()
-    if row is not None:
-        carry_learned_rates(conn, row.id, job_id, now)
-    return Job(job_id, name, generation, False, dedup_scheme, url_policy)
+    if row is None:
+        return Job(job_id, name, generation, False, dedup_scheme, url_policy)
+    return Job(
+        job_id,
+        name,
+        generation,
+        False,
+        dedup_scheme,
+        url_policy,
+        previous_state=str(row.state),
+        previous_ended_at=row.finished_at,
+        learned=learned.carry(conn, row.id, job_id, rules, now),
+    )
+
+
+def _last_seen(conn: Connection, job_id: int) -> float | None:
+    """When a worker of the job was last alive: its stop, else its last heartbeat."""
+    seen = conn.execute(
+        select(func.max(func.coalesce(workers.c.stopped_at, workers.c.heartbeat_at))).where(
+            workers.c.job_id == job_id
+        )
+    ).scalar()
+    return None if seen is None else float(seen)
+
+
+#: The tables whose rows belong to one run of a job, children first.
+RUN_TABLES = (dead_letters, requests, domains, workers, fingerprints)
+
+
+def old_runs(conn: Connection, name: str, keep: int) -> list[int]:
+    """The ids of job ``name``'s runs before its ``keep`` latest ones."""
+    latest = conn.execute(select(func.max(jobs.c.generation)).where(jobs.c.name == name)).scalar()
+    if latest is None:
+        return []
+    return list(
+        conn.execute(
+            select(jobs.c.id).where(jobs.c.name == name, jobs.c.generation <= latest - keep)
+        ).scalars()
+    )
+
+
+def prune_run_rows(conn: Connection, job_ids: list[int], table: Table, chunk: int) -> int:
+    """Delete rows of the runs ``job_ids`` from ``table`` (one of :data:`RUN_TABLES`),
+    at most ``chunk`` of a table of requests or dead letters at a time; returns how
+    many (0: the table holds none any more). The jobs rows stay: a line of history
+    per run."""
+    where = table.c.job_id.in_(job_ids)
+    if table is requests or table is dead_letters:
+        where = table.c.id.in_(select(table.c.id).where(where).limit(chunk).scalar_subquery())
+    return int(conn.execute(delete(table).where(where)).rowcount)
 
 
 def _check_policy_change(

@@ -47,6 +47,38 @@ class Outcome(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Learned:
+    """A domain's learned limit as this run applies it."""
+
+    domain: str
+    #: Requests per second the domain starts at.
+    rate: float
+    limit: float
+    #: The configured rate it is below.
+    ceiling: float
+    #: Seconds since a throttle last confirmed it (None: unknown).
+    age: float | None
+    throttles: int
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """A learned limit this run does not apply, and why."""
+
+    domain: str
+    limit: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class LearnedReview:
+    """What a starting run did with what the job's domains had learned."""
+
+    applied: tuple[Learned, ...] = ()
+    forgotten: tuple[Forgotten, ...] = ()
+
+
+@dataclass(frozen=True)
 class Job:
     id: int
     name: str
@@ -59,6 +91,13 @@ class Job:
     #: rows made pending by age, and for a parse under a new cache namespace.
     recrawl_due: int = 0
     recrawl_parse: int = 0
+    #: The run before this one started: its state ("running": this run resumes an
+    #: interrupted one; None: the job's first run) and when it ended (finished, or
+    #: its workers' last sign of life).
+    previous_state: str | None = None
+    previous_ended_at: float | None = None
+    #: What the job's domains had learned and whether this run applies it.
+    learned: LearnedReview = field(default_factory=LearnedReview)
 
 
 # The per-request records (NewRequest, Claimed, Transition) are named tuples: as

@@ -56,6 +56,11 @@ class DomainInfo:
     next_due: float | None = None
     #: Whether the domain has a ``reliability_domains`` row yet.
     known: bool = False
+    #: What a learned limit rests on (frontier/learned.py): the configured rate it was
+    #: learned under, when a throttle last confirmed it, how many counted throttles.
+    learned_ceiling: float = 0.0
+    learned_at: float = 0.0
+    throttles: int = 0
 
 
 @dataclass(frozen=True)

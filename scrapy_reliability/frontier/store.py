@@ -29,6 +29,7 @@ from scrapy_reliability.frontier.connections import Connections, open_engine
 from scrapy_reliability.frontier.domains import DomainRows
 from scrapy_reliability.frontier.errors import is_storage_failure
 from scrapy_reliability.frontier.hotsql import hot_sql
+from scrapy_reliability.frontier.learned import LearnedRules
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.records import (
     UNPROCESSED_CLASSES,
@@ -155,22 +156,24 @@ class Frontier:
         reuse_finished: bool = False,
         restart_finished: bool = False,
         recrawl: RecrawlRules | None = None,
+        learned: LearnedRules | None = None,
         now: float | None = None,
     ) -> Job:
         """The running job of that name, or its first run when none exists.
 
         When the last run finished: with ``reuse_finished`` (a retry pass) that run
         is returned; with ``restart_finished`` a new run (generation) starts;
-        otherwise :class:`JobFinished` is raised, so that a worker joining a
-        finished job never starts the whole crawl again by accident. With
-        ``recrawl`` (incremental recrawls on) a finished run is returned with its
-        due rows pending again (see :mod:`scrapy_reliability.frontier.recrawl`).
+        otherwise :class:`JobFinished` is raised. With ``recrawl`` (incremental
+        recrawls on) a finished run is returned with its due rows pending again
+        (see :mod:`scrapy_reliability.frontier.recrawl`). ``learned`` decides what a
+        new or resumed run keeps of the domains' learned limits (:mod:`.learned`).
 
         ``dedup_scheme`` (the fingerprinter) and ``url_policy`` (its canonical URL
         policy version, None for none) must be the job's: :class:`JobMismatch`
         otherwise, unless the job has no rows yet (its policy is then updated)."""
-        now = _now(now)
-        try:
+        at = _now(now)
+
+        def opened(restart: bool, rules: RecrawlRules | None) -> Job:
             with self.engine.begin() as conn:
                 return jobs.open_job(
                     conn,
@@ -178,22 +181,31 @@ class Frontier:
                     dedup_scheme,
                     url_policy=url_policy,
                     reuse_finished=reuse_finished,
-                    restart_finished=restart_finished,
-                    now=now,
-                    recrawl=recrawl,
+                    restart_finished=restart,
+                    now=at,
+                    recrawl=rules,
+                    rules=learned,
                 )
+
+        try:
+            return opened(restart_finished, recrawl)
         except IntegrityError:
             # Another worker created this generation at the same moment: join it.
-            with self.engine.begin() as conn:
-                return jobs.open_job(
-                    conn,
-                    name,
-                    dedup_scheme,
-                    url_policy=url_policy,
-                    reuse_finished=reuse_finished,
-                    restart_finished=False,
-                    now=now,
-                )
+            return opened(False, None)
+
+    def prune_runs(self, name: str, keep: int, *, chunk: int = 20_000) -> tuple[int, int]:
+        """Delete the rows of job ``name``'s runs before its ``keep`` latest, one chunk
+        per transaction (a crawl's writes never wait long); the jobs rows stay.
+        Returns (runs pruned, rows deleted)."""
+        with self.engine.begin() as conn:
+            old = jobs.old_runs(conn, name, keep)
+        deleted, n = 0, chunk
+        for table in jobs.RUN_TABLES if old else ():
+            while n >= chunk:
+                with self.engine.begin() as conn:
+                    deleted += (n := jobs.prune_run_rows(conn, old, table, chunk))
+            n = chunk
+        return len(old), deleted
 
     def job_keys(self, name: str) -> tuple[str, str, str | None] | None:
         """(state, dedup scheme, URL policy) of the latest run of job ``name``."""
@@ -217,15 +229,10 @@ class Frontier:
     ) -> None:
         """Register a worker and the callback names its spider has (mixed spider
         versions: see :meth:`live_callbacks`)."""
+        at = _now(now)
         with self.engine.begin() as conn:
             jobs.register_worker(
-                conn,
-                job_id,
-                worker_id,
-                hostname=hostname,
-                pid=pid,
-                callbacks=callbacks,
-                now=_now(now),
+                conn, job_id, worker_id, hostname=hostname, pid=pid, callbacks=callbacks, now=at
             )
 
     def live_callbacks(
@@ -234,9 +241,8 @@ class Frontier:
         """The callback names of each other live worker of the job (not stopped,
         heartbeat within ``alive_within`` seconds), by worker id. A worker whose
         row is unreadable counts as having none."""
-        now = _now(now)
         with self._reading() as conn:
-            return jobs.live_callbacks(conn, job_id, me, alive_within, now)
+            return jobs.live_callbacks(conn, job_id, me, alive_within, _now(now))
 
     def unprocessed(self, job_id: int) -> dict[str, int]:
         """What keeps a run from being complete, read in one snapshot: rows still
@@ -270,9 +276,8 @@ class Frontier:
         """Release at once the leases of this job's workers that ``is_dead(hostname,
         pid)`` says are gone, instead of waiting for their leases to expire.
         Returns how many rows went back to pending."""
-        now = _now(now)
         with self.engine.begin() as conn:
-            return jobs.recover_dead_workers(conn, job_id, me, is_dead, now)
+            return jobs.recover_dead_workers(conn, job_id, me, is_dead, _now(now))
 
     # -- the write path ---------------------------------------------------------------------
 
@@ -453,15 +458,10 @@ class Frontier:
         that match the filters go back to pending with a fresh attempt budget, and
         their dead letters count one more pass. Returns (job id, reopened), or None
         when the job has never run."""
-        now = _now(now)
+        at, classes, before = _now(now), error_classes, failed_before
         with self.engine.begin() as conn:
             return jobs.reopen_dead(
-                conn,
-                name,
-                error_classes=error_classes,
-                domains=domains,
-                failed_before=failed_before,
-                now=now,
+                conn, name, error_classes=classes, domains=domains, failed_before=before, now=at
             )
 
     # -- standalone dupefilter --------------------------------------------------------------

@@ -24,6 +24,7 @@ from scrapy_reliability.frontier import (
     WriteResult,
 )
 from scrapy_reliability.frontier.dialect import redact, scrub
+from scrapy_reliability.frontier.learned import LearnedRules
 from scrapy_reliability.frontier.store import SQLAlchemyError
 from scrapy_reliability.scheduling.batches import one_line, units
 
@@ -47,6 +48,8 @@ class Opened:
     counts: dict[str, int]
     #: Other live workers of the job and their spiders' callback names.
     peers: dict[str, frozenset[str]]
+    #: A new run: (older runs whose rows were deleted, rows deleted).
+    pruned: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -98,12 +101,16 @@ def open_job(
                 scheme,
                 url_policy=url_policy,
                 reuse_finished=retry_pass is not None,
-                restart_finished=config.restart_finished,
+                restart_finished=restarts(config),
                 recrawl=config.recrawl if config.recrawl.on else None,
+                learned=LearnedRules(config.politeness, config.adaptive_memory),
             )
         except JobFinished as exc:
             frontier.close()
             return exc
+        pruned = (0, 0)
+        if job.previous_state is not None and not job.resumed:
+            pruned = frontier.prune_runs(name, config.keep_runs)
         frontier.register_worker(
             job.id, worker.id, worker.hostname, worker.pid, callbacks=callbacks
         )
@@ -132,7 +139,16 @@ def open_job(
         raise
     if reopened is not None:
         counts["reopened"] = reopened
-    return Opened(frontier, job, recovered, counts, peers)
+    return Opened(frontier, job, recovered, counts, peers, pruned)
+
+
+def restarts(config: Config) -> bool:
+    """Whether a finished job's next crawl is a new run: unless the project says
+    otherwise (RELIABILITY_RESTART_FINISHED) or asks for incremental recrawls, as
+    stock Scrapy crawls afresh every time."""
+    if config.restart_finished is None:
+        return not config.recrawl.on
+    return config.restart_finished
 
 
 def _reopen_dead_letters(frontier: Frontier, name: str, rp: RetryPass | None) -> int | None:

@@ -8,7 +8,6 @@ What runs on the database thread is in ``jobdb``; this is the reactor side.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
@@ -22,8 +21,9 @@ from scrapy_reliability import _exitcode, _feeds, _jobs
 from scrapy_reliability._process import GC_FREEZE
 from scrapy_reliability.frontier import FrontierError, JobFinished
 from scrapy_reliability.frontier.dialect import redact
+from scrapy_reliability.frontier.schema import JOB_RUNNING
 from scrapy_reliability.frontier.store import UNPROCESSED_CLASSES, is_storage_failure
-from scrapy_reliability.scheduling import engine, jobdb
+from scrapy_reliability.scheduling import engine, jobdb, start_lines
 from scrapy_reliability.scheduling.claims import ClaimBuffer
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.outcomes import Outcomes
@@ -64,6 +64,7 @@ class Session:
         # Set when the run ends incomplete: replaces Scrapy's "finished".
         self._finish_reason: str | None = None
         self._frozen = False
+        self._nothing = ""
         ctx.crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
 
     # -- open ---------------------------------------------------------------------------------
@@ -114,17 +115,16 @@ class Session:
             # A worker joining a finished job: no request is scheduled or fetched,
             # and the engine closes the spider at once.
             self.job_finished = True
-            when = (
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(opened.finished_at))
-                if opened.finished_at
-                else "earlier"
-            )
             logger.warning(
-                "%(error)s (It finished at %(when)s.)",
-                {"error": opened, "when": when},
+                "%(error)s (It finished %(when)s.)",
+                {"error": opened, "when": start_lines.when(opened.finished_at)},
                 extra=ctx.log(),
             )
             stats.set_value("reliability/job/already_finished", True)
+            # Said again as the very last line, so that a cron mail or a log tail
+            # shows that this run crawled nothing.
+            ctx.crawler.signals.connect(self._nothing_crawled, signal=signals.engine_stopped)
+            self._nothing = f"{opened} (It finished {start_lines.when(opened.finished_at)}.)"
             return
         if ctx.config.gc_freeze:
             GC_FREEZE.enter()
@@ -166,40 +166,38 @@ class Session:
                 },
                 extra=ctx.log(),
             )
-        elif job.resumed:
+        elif job.resumed and job.previous_state != JOB_RUNNING:
+            rules = ctx.config.recrawl
+            age = f"{rules.after:g} s" if rules.after else "their domain's age"
             logger.info(
-                "Resuming job %(job)s (run %(gen)d): %(pending)d pending, %(done)d done, "
-                "%(recovered)d leases of a dead worker taken back",
-                {
-                    "job": job.name,
-                    "gen": job.generation,
-                    "pending": counts.get("pending", 0) + counts.get("leased", 0),
-                    "done": counts.get("done", 0),
-                    "recovered": recovered,
-                },
+                "%s",
+                start_lines.recrawl_line(job, age=age, namespace=rules.namespace),
+                extra=ctx.log(),
+            )
+        elif job.resumed:
+            logger.info("%s", start_lines.resumed_line(job, counts, recovered), extra=ctx.log())
+        elif job.previous_state is not None:
+            logger.info(
+                "%s",
+                start_lines.new_run_line(
+                    job,
+                    redact(ctx.frontier.engine.url),
+                    cached=ctx.crawler.settings.getbool("HTTPCACHE_ENABLED"),
+                    pruned=opened.pruned,
+                ),
                 extra=ctx.log(),
             )
         else:
             logger.info(
-                "Starting job %(job)s (run %(gen)d) on the frontier %(url)s",
+                "Starting job %(job)s (run %(gen)d) on the frontier %(url)s: its first run",
                 {"job": job.name, "gen": job.generation, "url": redact(ctx.frontier.engine.url)},
                 extra=ctx.log(),
             )
-        if job.recrawl_due or job.recrawl_parse:
-            rules = ctx.config.recrawl
-            logger.info(
-                "Recrawl of job %(job)s (run %(gen)d): %(due)d pages due again (older than "
-                "%(age)s), %(parse)d to parse again under cache namespace %(ns)s",
-                {
-                    "job": job.name,
-                    "gen": job.generation,
-                    "due": job.recrawl_due,
-                    "age": f"{rules.after:g} s" if rules.after else "their domain's age",
-                    "parse": job.recrawl_parse,
-                    "ns": rules.namespace,
-                },
-                extra=ctx.log(),
-            )
+        learned = start_lines.learned_line(
+            job.learned, new_run=not job.resumed, spider=ctx.spider.name if ctx.spider else ""
+        )
+        if learned is not None:
+            logger.info("%s", learned, extra=ctx.log())
         if ctx.config.recrawl.on:
             stats.set_value("reliability/recrawl/due", job.recrawl_due + job.recrawl_parse)
         self._warn_of_other_versions(opened.peers)
@@ -212,6 +210,9 @@ class Session:
         self._heartbeat = task.LoopingCall(self._beat)
         self._heartbeat.clock = ctx.clock  # type: ignore[assignment]
         self._heartbeat.start(ctx.config.heartbeat_seconds, now=False)
+
+    def _nothing_crawled(self) -> None:
+        logger.warning("%s", self._nothing, extra=self.ctx.log())
 
     def _warn_of_other_versions(self, peers: dict[str, frozenset[str]]) -> None:
         """Live workers of this job whose spiders have other callbacks: another

@@ -209,6 +209,9 @@ class Config:
     retry_pass: RetryPass | None = None
     #: When the job's last run finished, start a new run instead of exiting.
     restart_finished: bool = False
+    #: Run (or change) a job on the database it moved away from (scrapy frontier
+    #: move left its tombstone there) instead of refusing.
+    allow_moved: bool = False
     #: Leave the objects alive when the spider opens out of the garbage collector's
     #: passes until it closes (``gc.freeze()``; see ``scrapy_reliability._process``).
     gc_freeze: bool = True
@@ -287,6 +290,7 @@ class Config:
             dead_letter_feeds=dead_letter_feeds(settings),
             retry_pass=RetryPass.from_setting(settings.get("RELIABILITY_RETRY_PASS")),
             restart_finished=_bool(settings, "RELIABILITY_RESTART_FINISHED", cls.restart_finished),
+            allow_moved=_bool(settings, "RELIABILITY_ALLOW_MOVED", cls.allow_moved),
             gc_freeze=_bool(settings, "RELIABILITY_GC_FREEZE", cls.gc_freeze),
             politeness=politeness,
             limits_origin=origin,

@@ -77,22 +77,31 @@ def check_settings(settings: BaseSettings) -> Config:
 def check_frontier(crawler: Crawler | None, settings: BaseSettings, config: Config) -> None:
     """Open the crawl's frontier once and close it: the URL parses, its driver is
     installed, the server answers, the login and database exist, the schema is
-    this release's (or upgraded, with RELIABILITY_AUTO_MIGRATE), and no other
-    process holds the SQLite file. The scheduler opens it again to crawl."""
+    this release's (or upgraded, with RELIABILITY_AUTO_MIGRATE), no other
+    process holds the SQLite file, and the job did not move to another database
+    (:class:`~scrapy_reliability.frontier.tombstone.JobMoved`, unless
+    RELIABILITY_ALLOW_MOVED). The scheduler opens it again to crawl."""
     spider = getattr(crawler, "spider", None)
     if spider is None or not _frontier_schedules(settings):
         return
-    from scrapy_reliability.frontier import Frontier
+    from scrapy_reliability.frontier import Frontier, tombstone
 
     url = _jobs.database_url(config, settings, spider.name)
+    name = _jobs.job_name(config, settings, spider.name)
     try:
         frontier = Frontier.connect(
             url, auto_migrate=config.auto_migrate, busy_timeout=config.sqlite_busy_timeout
         )
         try:
-            _keep_job_fingerprinter(
-                frontier, settings, config, _jobs.job_name(config, settings, spider.name)
-            )
+            moved = tombstone.refuse_crawl(frontier.engine, name, allow=config.allow_moved)
+            if moved is not None:
+                logger.warning(
+                    "Job %(job)s %(moved)s (scrapy frontier move); RELIABILITY_ALLOW_MOVED "
+                    "runs this old copy anyway: the job now runs in two places.",
+                    {"job": name, "moved": moved.describe()},
+                    extra={"crawler": crawler},
+                )
+            _keep_job_fingerprinter(frontier, settings, config, name)
         finally:
             frontier.close()
     except SQLAlchemyError as exc:  # e.g. a role without the right to create tables

@@ -219,6 +219,9 @@ class Config:
     #: Seconds a learned domain limit is remembered for the next runs, fading as it
     #: ages (frontier/learned.py); 0: a new run never starts from one.
     adaptive_memory: float = 7 * 86_400.0
+    #: Run (or change) a job on the database it moved away from (scrapy frontier
+    #: move left its tombstone there) instead of refusing.
+    allow_moved: bool = False
     #: Leave the objects alive when the spider opens out of the garbage collector's
     #: passes until it closes (``gc.freeze()``; see ``scrapy_reliability._process``).
     gc_freeze: bool = True
@@ -310,6 +313,7 @@ class Config:
                 cls.adaptive_memory,
                 maximum=MAX_AGE_SECONDS,
             ),
+            allow_moved=_bool(settings, "RELIABILITY_ALLOW_MOVED", cls.allow_moved),
             gc_freeze=_bool(settings, "RELIABILITY_GC_FREEZE", cls.gc_freeze),
             politeness=politeness,
             limits_origin=origin,

@@ -25,8 +25,9 @@ DOCUMENTS = sorted(
         *(REPO / "docs").rglob("*.md"),
     ]
 )
-# A command line in an inline code span or a line of a code block.
-_COMMAND = re.compile(r"scrapy frontier(?: [^`\n]*)?")
+# A command line in an inline code span or a line of a code block (not the name of a
+# command quoted in a message, as in "(scrapy frontier move): ...").
+_COMMAND = re.compile(r"scrapy frontier(?: [a-z|]+(?=[\s`]|$)[^`\n]*)?")
 # Words of prose after a command (as in "`scrapy frontier migrate` ... or set X").
 _PROSE_AFTER = re.compile(r"\s(?:\.\.\.|or|and|then|with)\s.*$")
 

@@ -23,6 +23,7 @@ from scrapy_reliability.frontier.schema import (
     http_cache,
     jobs,
     metadata,
+    moves,
     requests,
     workers,
 )
@@ -131,8 +132,8 @@ def contents(url: str, names: tuple[str, ...] = (JOB, f"{JOB}:dupefilter")) -> d
             for r in conn.execute(select(requests).where(requests.c.job_id.in_(list(job_key))))
         }
         for table in metadata.sorted_tables:
-            if table is http_cache:
-                continue  # not a job's: a move leaves the HTTP cache behind
+            if table in (http_cache, moves):
+                continue  # not a job's: a move leaves the HTTP cache behind; see tombstones()
             key = table.c.id if table is jobs else table.c.job_id  # every other is a job's
             rows = []
             for row in conn.execute(select(table).where(key.in_(list(job_key)))):
@@ -145,6 +146,15 @@ def contents(url: str, names: tuple[str, ...] = (JOB, f"{JOB}:dupefilter")) -> d
                     values["request_id"] = request_key[values["request_id"]]
                 rows.append(json.dumps(values, sort_keys=True, default=str))
             found[table.name] = sorted(rows)
+    engine.dispose()
+    return found
+
+
+def tombstones(url: str) -> dict[str, tuple[str, float]]:
+    """The database's tombstones: job name -> (target, moved_at)."""
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        found = {r.name: (r.target, r.moved_at) for r in conn.execute(select(moves))}
     engine.dispose()
     return found
 
@@ -193,11 +203,14 @@ def test_postgres_to_sqlite_and_back_keeps_every_column_of_every_row(
     assert "4 leases of dead workers went back to pending" in out
     assert "reliability_requests" in out and "MISMATCH" not in out
     assert "RELIABILITY_JOB='shop'" in out and "purge --whole-job" in out
-    # Every column of every row arrived; leases went back to pending; the source is
-    # untouched and the unrelated job stayed behind.
+    # Every column of every row arrived; leases went back to pending; the source keeps
+    # its rows and gains the job's tombstones; the unrelated job stayed behind.
     assert contents(lite) == as_recovered(before)
     assert contents(postgres_url) == before
     assert contents(lite, ("other",)) == {t: [] for t in before}
+    left = tombstones(postgres_url)
+    assert set(left) == {JOB, f"{JOB}:dupefilter"} and tombstones(lite) == {}
+    assert {target for target, _ in left.values()} == {lite}
 
     # Back to PostgreSQL: refused while it has the job, then the same rows again.
     refused = move(tmp_path, lite, pg)
@@ -229,6 +242,9 @@ def test_postgres_to_sqlite_and_back_keeps_every_column_of_every_row(
     assert PASSWORD not in back.stdout
     assert contents(postgres_url) == as_recovered(before)
     assert contents(postgres_url, ("other",))[requests.name]  # never touched
+    # The job came back: its tombstones left PostgreSQL for the database it left.
+    assert tombstones(postgres_url) == {}
+    assert set(tombstones(lite)) == {JOB, f"{JOB}:dupefilter"}
 
 
 # -- refusals -----------------------------------------------------------------------------------
@@ -270,7 +286,7 @@ def test_refusals_write_nothing_to_the_target(tmp_path: Path) -> None:
     # URLs that cannot work: a misspelled backend, a server that is not there (its
     # password never printed).
     line = one_error(move(tmp_path, source, "postgresq://crawler@db/crawls"))
-    assert "did you mean 'postgresql'" in line
+    assert "did you mean 'postgresql'" in line and line.startswith("error: --to postgresq://")
     unreachable = f"postgresql+psycopg://crawler:{PASSWORD}@127.0.0.1:1/crawls"
     line = one_error(move(tmp_path, source, unreachable))
     assert "cannot be reached" in line and PASSWORD not in line
@@ -321,8 +337,9 @@ def test_refusals_write_nothing_to_the_target(tmp_path: Path) -> None:
         for table in ("reliability_jobs", "reliability_requests", "reliability_domains"):
             assert db.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
 
-    # After every refusal the source is as it was, and a plain move works.
+    # After every refusal the source is as it was (no tombstone), and a plain move works.
     assert contents(source) == before
+    assert tombstones(source) == {}
     assert not fresh.exists()
     ok = move(tmp_path, source, f"sqlite:///{fresh}")
     assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -17,11 +17,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from scrapy_reliability import _jobs
 from scrapy_reliability.config import Config
-from scrapy_reliability.frontier import dialect, migrate
+from scrapy_reliability.frontier import dialect, migrate, tombstone
+from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.errors import FrontierUnavailable, SchemaError, first_line
 from scrapy_reliability.frontier.inspect import DeadFilter, Inspector, JobInfo
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.schema import ERROR_CLASSES
+from scrapy_reliability.frontier.tombstone import JobMoved, Tombstone
 from scrapy_reliability.retrypass import parse_duration
 
 # Rows a table shows unless --limit says otherwise.
@@ -30,6 +32,22 @@ DEFAULT_ROWS = 50
 
 class CommandFailed(Exception):
     """An error the user can act on: printed as ``error: ...``, exit status 1."""
+
+
+class JobGone(CommandFailed):
+    """The job moved away and none of its rows are left here: only its tombstone."""
+
+    def __init__(self, moved: Tombstone, database: str):
+        self.tombstone = moved
+        super().__init__(
+            f"job {moved.name!r} {moved.describe()} (scrapy frontier move); none of its "
+            f"rows are left in {database}: look at it there (--database-url "
+            f"'{moved.target}' --job '{moved.name}'{_your_password(moved)})"
+        )
+
+
+def _your_password(moved: Tombstone) -> str:
+    return ", your password for ***" if moved.masked else ""
 
 
 class Context:
@@ -42,6 +60,9 @@ class Context:
         self.shown_url = ""
         self._engines: list[Engine] = []
         self._url: str | None = None
+        self._inspector: Inspector | None = None
+        #: The tombstone of the job :meth:`job` found, when it moved away.
+        self.moved: Tombstone | None = None
 
     def out(self, line: str) -> None:
         print(line)
@@ -140,15 +161,18 @@ class Context:
         self.shown_url = dialect.redact(url)
         return url
 
-    def engine(self, url: str) -> Engine:
-        parsed = dialect.parse_url(url)
+    def engine(self, url: str, *, given_by: str = dialect.URL_SETTING) -> Engine:
+        """An engine on ``url``; errors about it name it as ``given_by``."""
+        parsed = dialect.parse_url(url, given_by=given_by)
         config = Config.from_settings(self.settings)
-        engine = dialect.create(parsed, busy_timeout=config.sqlite_busy_timeout)
+        engine = dialect.create(parsed, busy_timeout=config.sqlite_busy_timeout, given_by=given_by)
         self._engines.append(engine)
         return engine
 
     def inspector(self, spider: str | None) -> Inspector:
         """An inspector on an existing frontier whose schema this version reads."""
+        if self._inspector is not None:
+            return self._inspector
         url = self.database_url(spider)
         parsed = dialect.parse_url(url)
         database = parsed.database or ""
@@ -176,15 +200,25 @@ class Context:
                 f"version of scrapy-reliability reads {head!r}. Run `scrapy frontier "
                 "migrate` (older schema) or upgrade scrapy-reliability (newer)."
             )
-        return Inspector(engine)
+        self._inspector = Inspector(engine)
+        return self._inspector
 
-    def job(self, spider: str | None) -> tuple[Inspector, JobInfo]:
+    def job(self, spider: str | None, *, change: str | None = None) -> tuple[Inspector, JobInfo]:
+        """The job a crawl of ``spider`` runs (or ``--job``), and an inspector of its
+        database. A job that moved away (its tombstone is kept in :attr:`moved`) is
+        refused with :class:`JobMoved` when the command would ``change`` it (a verb:
+        "requeue"), unless RELIABILITY_ALLOW_MOVED; one whose rows are all gone,
+        with :class:`JobGone`."""
         inspector = self.inspector(spider)
         config = self.config(spider)
         name: str | None = self.opts.job or config.job
         if name is None and spider is not None:
             name = _jobs.job_name(config, self.settings_for(spider), spider)
-        known = sorted(n for n in inspector.job_names() if not n.endswith(":dupefilter"))
+        with reading(inspector.engine) as conn:
+            moved_away = tombstone.names(conn)
+        known = sorted(
+            {n for n in inspector.job_names() + moved_away if not n.endswith(":dupefilter")}
+        )
         if name is None:
             if len(known) != 1:
                 raise CommandFailed(
@@ -192,8 +226,19 @@ class Context:
                     "name the spider or pass --job"
                 )
             name = known[0]
+        with reading(inspector.engine) as conn:
+            self.moved = tombstone.find(conn, name)
+        if self.moved is not None and change is not None and not config.allow_moved:
+            raise JobMoved(
+                self.moved,
+                f"{change} it there (--database-url '{self.moved.target}' --job "
+                f"'{name}'{_your_password(self.moved)}); -s RELIABILITY_ALLOW_MOVED=True "
+                "changes this old copy anyway",
+            )
         job = inspector.latest_job(name)
         if job is None:
+            if self.moved is not None:
+                raise JobGone(self.moved, self.shown_url)
             raise CommandFailed(
                 f"job {name!r} never ran on {self.shown_url} (jobs there: "
                 f"{', '.join(known) or 'none'}); check the spider name, JOBDIR or --job"

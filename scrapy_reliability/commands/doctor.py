@@ -11,12 +11,13 @@ from scrapy.settings import BaseSettings
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from scrapy_reliability.commands.context import CommandFailed, Context
+from scrapy_reliability.commands.context import CommandFailed, Context, JobGone
 from scrapy_reliability.commands.text import table, when
 from scrapy_reliability.config import Config, SettingError
 from scrapy_reliability.frontier import dialect, migrate
 from scrapy_reliability.frontier.errors import FrontierError, first_line
 from scrapy_reliability.frontier.inspect import Inspector
+from scrapy_reliability.frontier.tombstone import Tombstone, crawl_advice
 
 
 def check_setup(ctx: Context, args: list[str]) -> bool:
@@ -180,9 +181,14 @@ class _Doctor:
         ctx = self.ctx
         try:
             _, job = ctx.job(self.spider)
+        except JobGone as gone:
+            self._moved(gone.tombstone, config)
+            return
         except CommandFailed as exc:
             self.add("job", "warn", str(exc))
             return
+        if ctx.moved is not None:
+            self._moved(ctx.moved, config)
         status = inspector.status(job, now=ctx.now)
         self.add(
             "job",
@@ -219,3 +225,17 @@ class _Doctor:
                     f"{d.domain} until {when(d.paused_until, ctx.now)}" for d in paused[:5]
                 ),
             )
+
+    def _moved(self, moved: Tombstone, config: Config) -> None:
+        """A job that moved away: a crawl with these settings is refused (a failed
+        check), or runs the old copy (RELIABILITY_ALLOW_MOVED: a warning)."""
+        said = f"job {moved.name} {moved.describe()} (scrapy frontier move): "
+        if config.allow_moved:
+            self.add(
+                "moved",
+                "warn",
+                said + "RELIABILITY_ALLOW_MOVED runs this old copy anyway; the job then "
+                "runs in two places",
+            )
+        else:
+            self.add("moved", "fail", said + "a crawl here is refused; " + crawl_advice(moved))

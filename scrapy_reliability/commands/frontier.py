@@ -14,8 +14,10 @@ with the same settings would; ``--database-url`` and ``--job`` override):
 * ``report SPIDER -o FILE``: one self-contained HTML file with charts and tables
   (progress over time, outcomes, error classes, domains, oldest pending, dead letters).
 * ``requeue SPIDER``: dead requests back to pending (by class, domain, age).
-* ``purge SPIDER``: delete dead letters, drop pending requests, or a whole job.
-* ``move SPIDER --to URL``: copy the job (every run and row) to another database.
+* ``purge SPIDER``: delete dead letters, drop pending requests, a whole job, or
+  the tombstone of a job that moved away (``--tombstone``).
+* ``move SPIDER --to URL``: copy the job (every run and row) to another database,
+  leave a tombstone in the source (``--delete-source``: and delete its rows there).
 * ``rekey SPIDER``: compute every row's dedup key again under the crawl's request
   fingerprinter and canonical URL policy, merging rows of one page (``--dry-run``).
 * ``cache [SPIDER]``: what the HTTP cache holds; ``--purge`` by ``--domain``,
@@ -106,8 +108,9 @@ class FrontierCommand(ScrapyCommand):
             "[SPIDER] URL... (why a URL is where it is); "
             "dead SPIDER (list, --output FILE to export); report SPIDER -o FILE (an HTML "
             "report with charts, opens offline); requeue SPIDER (dead requests "
-            "back to pending); purge SPIDER (--dead-letters, --pending or --whole-job, with "
-            "--yes); move SPIDER --to URL (copy the job to another database); rekey SPIDER "
+            "back to pending); purge SPIDER (--dead-letters, --pending, --whole-job or "
+            "--tombstone, with --yes); move SPIDER --to URL (copy the job to another "
+            "database, leave a tombstone; --delete-source); rekey SPIDER "
             "(dedup keys under the current canonical URL policy, rows of one page merged); "
             "cache [SPIDER] (the HTTP cache; --purge by --domain, --older-than, --namespace); "
             "migrate [SPIDER]; doctor [SPIDER]. --json for scripts."
@@ -182,7 +185,16 @@ class FrontierCommand(ScrapyCommand):
             "--force", action="store_true", help="purge --whole-job even with live workers"
         )
         group.add_argument(
-            "--to", metavar="URL", help="move: the database to copy the job to (source kept)"
+            "--tombstone",
+            action="store_true",
+            help="purge the record that the job moved away: a crawl here runs it again",
+        )
+        group.add_argument("--to", metavar="URL", help="move: the database to move the job to")
+        group.add_argument(
+            "--delete-source",
+            action="store_true",
+            help="move: delete the job's rows from the source once the counts match "
+            "(its tombstone stays)",
         )
         group.add_argument(
             "--forget",

@@ -3,14 +3,19 @@ row of every table keyed by the job) to another database, e.g. from the SQLite
 default to PostgreSQL when a crawl needs several workers, and back.
 
 The source is the job's database as the other subcommands find it (or
-``--database-url``); it is only read. Refused, with nothing written to the target:
-a live worker of the job, a target that already has the job or is the source, a
-target frontier at another schema version, a URL that cannot be opened.
+``--database-url``). Once the copy is committed and counted again, the source
+gets the job's tombstone (the target's URL, password masked, and the time), so
+that the old command refuses to run the job; with ``--delete-source`` the job's
+rows there are deleted in the same transaction. Refused, with nothing written to
+the target: a live worker of the job, a target that already has the job or is the
+source, a target frontier at another schema version, a URL that cannot be opened,
+a source the job already moved away from. Errors about the target name ``--to``.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +32,17 @@ from scrapy_reliability.frontier.connections import reading
 #: Host names that all mean this machine.
 _LOCAL = {"", "localhost", "127.0.0.1", "::1"}
 
+#: How errors about the target name its URL.
+_TO = "--to"
+
 
 def move_job(ctx: Context, args: list[str]) -> bool:
     spider = ctx.one_spider(args)
     if not ctx.opts.to:
         raise UsageError("move needs --to URL: the database to copy the job to")
-    inspector, job = ctx.job(spider)
+    inspector, job = ctx.job(spider, change="move")
     source_url = dialect.parse_url(ctx.database_url(spider))
-    target_url = dialect.parse_url(ctx.opts.to)
+    target_url = dialect.parse_url(ctx.opts.to, given_by=_TO)
     shown_target = dialect.redact(target_url)
     if same_database(source_url, target_url):
         raise CommandFailed(
@@ -54,27 +62,47 @@ def move_job(ctx: Context, args: list[str]) -> bool:
             f"wait for them to finish) and run the move again once none has beaten for "
             f"{lease:g} s"
         )
+    deleted: dict[str, int] | None = None
     with ctx.writing(), _sqlite_lock(target_url):
-        target = ctx.engine(str(target_url.render_as_string(hide_password=False)))
-        fresh = _no_file(target_url) or mover.target_is_fresh(target)
+        target = ctx.engine(target_url.render_as_string(hide_password=False), given_by=_TO)
+        fresh = _no_file(target_url) or mover.target_is_fresh(target, given_by=_TO)
         if not fresh:
             with target.connect() as conn:
                 mover.refuse_existing(conn, names)
         else:
-            mover.create_target(target)
+            mover.create_target(target, given_by=_TO)
         try:
             result = mover.move_job(inspector.engine, target, names)
         except mover.MoveMismatch as exc:
             _report(ctx, exc.result, source=ctx.shown_url, target=shown_target, ok=False)
             raise
         problems = mover.verify(target, names, result)
-    _report(ctx, result, source=ctx.shown_url, target=shown_target, ok=not problems)
+        if not problems:
+            # Only a verified copy moves the job's home. A SQLite source is still
+            # locked against crawls; on PostgreSQL leave_source checks that no worker
+            # changed the job's rows since they were read.
+            deleted = mover.leave_source(
+                inspector.engine,
+                names,
+                shown_target,
+                result,
+                delete_rows=ctx.opts.delete_source,
+                now=time.time(),
+            )
+    _report(
+        ctx, result, source=ctx.shown_url, target=shown_target, ok=not problems, deleted=deleted
+    )
     if problems:
-        ctx.fail("after the commit the target's counts differ: " + "; ".join(problems))
+        ctx.fail(
+            "after the commit the target's counts differ: "
+            + "; ".join(problems)
+            + ". The source keeps the job (no tombstone, nothing deleted): remove the "
+            "target's copy (scrapy frontier purge --whole-job --yes --database-url TARGET) "
+            "and move again"
+        )
         return False
     if not ctx.opts.json:
-        alone = {n.removesuffix(":dupefilter") for n in inspector.job_names()} == {job.name}
-        _next_steps(ctx, spider, job.name, source_url, shown_target, alone=alone)
+        _next_steps(ctx, spider, names, source_url, shown_target, deleted=deleted)
     return True
 
 
@@ -119,7 +147,15 @@ class _sqlite_lock:
             self.lock.release()
 
 
-def _report(ctx: Context, result: mover.MoveResult, *, source: str, target: str, ok: bool) -> None:
+def _report(
+    ctx: Context,
+    result: mover.MoveResult,
+    *,
+    source: str,
+    target: str,
+    ok: bool,
+    deleted: dict[str, int] | None = None,
+) -> None:
     if ctx.opts.json:
         doc: dict[str, Any] = {
             "jobs": result.names,
@@ -130,6 +166,8 @@ def _report(ctx: Context, result: mover.MoveResult, *, source: str, target: str,
             "target": result.target,
             "recovered_leases": result.recovered_leases,
             "verified": ok,
+            "tombstone": ok,
+            "deleted_from_source": deleted,
         }
         ctx.print_json(doc)
         return
@@ -150,20 +188,42 @@ def _report(ctx: Context, result: mover.MoveResult, *, source: str, target: str,
         )
     if ok:
         ctx.out("Every count matches.")
+    if result.came_back is not None:
+        ctx.out(
+            f"The job came back: the target's tombstone of it (it {result.came_back.describe()}) "
+            "is removed, and a crawl there runs it."
+        )
 
 
 def _next_steps(
-    ctx: Context, spider: str | None, job: str, source: URL, target: str, *, alone: bool
+    ctx: Context,
+    spider: str | None,
+    names: list[str],
+    source: URL,
+    target: str,
+    *,
+    deleted: dict[str, int] | None,
 ) -> None:
+    job = names[0]
     resume = f"scrapy crawl {spider or '<spider>'} -s RELIABILITY_DATABASE_URL='{target}'"
     if job != spider:
         resume += f" -s RELIABILITY_JOB='{job}'"
     ctx.out(f"Resume on the target (each worker): {resume}")
-    if source.get_backend_name() == "sqlite" and alone:
-        remove = f"rm {source.database} {source.database}-wal {source.database}-shm"
-    else:
-        remove = (
-            f"scrapy frontier purge --whole-job --yes --database-url "
-            f"'{dialect.redact(source)}' --job '{job}'"
-        )
-    ctx.out(f"The source is untouched. Once the move is verified, remove it with: {remove}")
+    tombstone = (
+        "The source keeps a tombstone naming the target: a crawl, retry pass or change of "
+        "the job there is refused."
+    )
+    if deleted is not None:
+        rows = sum(deleted.values())
+        ctx.out(f"{tombstone} The job's {rows} rows there were deleted once the counts matched.")
+        return
+    # Not rm of the SQLite file: the tombstone would go with it, and the old command
+    # would start the job again from scratch.
+    remove = " and ".join(
+        f"scrapy frontier purge --whole-job --yes --database-url "
+        f"'{dialect.redact(source)}' --job '{name}'"
+        for name in names
+    )
+    ctx.out(
+        f"{tombstone} Its rows stay there; once the move is verified, remove them with: {remove}"
+    )

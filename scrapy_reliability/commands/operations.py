@@ -1,6 +1,12 @@
 """The subcommands that change the frontier: ``requeue`` (dead requests back to
-pending), ``purge`` (dead letters, pending requests or a whole job), ``domains
---forget`` (what the domains' adaptive rates learned) and ``migrate`` (the schema)."""
+pending), ``purge`` (dead letters, pending requests, a whole job, or the tombstone
+of a job that moved away), ``domains --forget`` (what the domains' adaptive rates
+learned) and ``migrate`` (the schema).
+
+A job that moved to another database is changed only there: ``requeue`` and
+``purge`` of its dead letters or pending requests are refused where it left its
+tombstone (unless RELIABILITY_ALLOW_MOVED). ``purge --whole-job`` is not: it
+removes the old copy and keeps the tombstone, so the job still has one home."""
 
 from __future__ import annotations
 
@@ -8,14 +14,14 @@ from typing import Any
 
 from scrapy.exceptions import UsageError
 
-from scrapy_reliability.commands.context import CommandFailed, Context
-from scrapy_reliability.frontier import dialect, learned, migrate
+from scrapy_reliability.commands.context import CommandFailed, Context, JobGone
+from scrapy_reliability.frontier import dialect, learned, migrate, tombstone
 
 
 def requeue_dead(ctx: Context, args: list[str]) -> None:
     spider = ctx.one_spider(args)
     selection = ctx.dead_filter()
-    inspector, job = ctx.job(spider)
+    inspector, job = ctx.job(spider, change="requeue")
     with ctx.writing():
         count = inspector.requeue(job.id, selection, dry_run=ctx.opts.dry_run, now=ctx.now)
     if ctx.opts.json:
@@ -35,14 +41,18 @@ def requeue_dead(ctx: Context, args: list[str]) -> None:
 def purge(ctx: Context, args: list[str]) -> None:
     spider = ctx.one_spider(args)
     opts = ctx.opts
-    targets = [opts.dead_letters, opts.pending, opts.whole_job]
+    targets = [opts.dead_letters, opts.pending, opts.whole_job, opts.tombstone]
     if sum(targets) != 1:
         raise UsageError(
-            "purge what? pass one of --dead-letters, --pending or --whole-job "
+            "purge what? pass one of --dead-letters, --pending, --whole-job or --tombstone "
             "(add --yes to really delete)"
         )
+    if opts.tombstone:
+        forget_move(ctx, spider)
+        return
     selection = ctx.dead_filter()
-    inspector, job = ctx.job(spider)
+    # The whole job may go where it moved away from: its tombstone stays.
+    inspector, job = ctx.job(spider, change=None if opts.whole_job else "purge")
     dry_run = not opts.yes
     with ctx.writing():
         if opts.dead_letters:
@@ -73,6 +83,48 @@ def purge(ctx: Context, args: list[str]) -> None:
         ctx.out(f"Would purge {what}. Pass --yes to do it.")
     else:
         ctx.out(f"Purged {what}.")
+    if ctx.moved is not None and opts.whole_job and not opts.json:
+        ctx.out(
+            f"Its tombstone stays (it {ctx.moved.describe()}): a crawl of it here is still refused."
+        )
+
+
+def forget_move(ctx: Context, spider: str | None) -> None:
+    """``purge --tombstone``: this database is the job's home again (a crawl here
+    runs it), e.g. when the database it moved to is gone."""
+    try:
+        inspector, _ = ctx.job(spider)
+    except JobGone:
+        inspector = ctx.inspector(spider)  # only the tombstone is left: it is what goes
+    moved = ctx.moved
+    if moved is None:
+        raise CommandFailed(
+            f"{ctx.shown_url} holds no tombstone of that job: it did not move away from "
+            "here, and a crawl here runs it; nothing to purge"
+        )
+    dry_run = not ctx.opts.yes
+    if not dry_run:
+        with ctx.writing(), inspector.engine.begin() as conn:
+            tombstone.clear(conn, [moved.name, f"{moved.name}:dupefilter"])
+    if ctx.opts.json:
+        ctx.print_json(
+            {
+                "job": moved.name,
+                "dry_run": dry_run,
+                "purged": {"tombstone": {"target": moved.target, "moved_at": moved.moved_at}},
+            }
+        )
+    elif dry_run:
+        ctx.out(
+            f"Would remove the tombstone of job {moved.name} (it {moved.describe()}): a "
+            "crawl here would run it again. Pass --yes to do it."
+        )
+    else:
+        ctx.out(
+            f"Removed the tombstone of job {moved.name} (it {moved.describe()}): this "
+            "database is its home again, and a crawl here runs it. Remove the copy there "
+            "(purge --whole-job) if it has one, so that the job has one home."
+        )
 
 
 def forget_learned(ctx: Context, args: list[str]) -> None:

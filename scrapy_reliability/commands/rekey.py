@@ -15,7 +15,7 @@ from scrapy_reliability.serialization import CorruptPayload, payload_key_request
 
 def rekey(ctx: Context, args: list[str]) -> None:
     spider = ctx.one_spider(args)
-    inspector, job = ctx.job(spider)
+    inspector, job = ctx.job(spider, change="rekey")
     settings = ctx.settings_for(spider)
     scheme = crawl_fingerprinter(settings)
     fingerprinter = build_fingerprinter(settings, scheme)

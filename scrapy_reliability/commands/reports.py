@@ -1,6 +1,7 @@
 """The read-only reports: ``status`` (counts, domains, dead letters, the oldest
-pending request, workers), ``domains`` and ``dead`` (listed, or exported with
-``--output FILE``); their tables, and the per-domain limits as text."""
+pending request, workers; where and when the job moved, if it did), ``domains``
+and ``dead`` (listed, or exported with ``--output FILE``); their tables, and the
+per-domain limits as text."""
 
 from __future__ import annotations
 
@@ -10,18 +11,30 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from scrapy_reliability.commands.context import Context
+from scrapy_reliability.commands.context import Context, JobGone
 from scrapy_reliability.commands.text import ago, clip, iso, table, when
 from scrapy_reliability.frontier import adaptive
 from scrapy_reliability.frontier.inspect import DomainInfo, WorkerInfo
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 from scrapy_reliability.frontier.reports import learned_text
 from scrapy_reliability.frontier.schema import STATES
+from scrapy_reliability.frontier.tombstone import Tombstone
 
 
 def show_status(ctx: Context, args: list[str]) -> None:
     spider = ctx.one_spider(args)
-    inspector, job = ctx.job(spider)
+    try:
+        inspector, job = ctx.job(spider)
+    except JobGone as gone:  # moved with --delete-source: where and when is all there is
+        if ctx.opts.json:
+            ctx.print_json(
+                {"database": ctx.shown_url, "job": None, "moved": _moved_json(gone.tombstone)}
+            )
+        else:
+            moved = gone.tombstone
+            ctx.out(f"Job {moved.name} in {ctx.shown_url}: none of its rows are left here")
+            ctx.out(_moved_line(moved, ctx))
+        return
     status = inspector.status(job, now=ctx.now)
     domains = status.domains
     limits, limits_from = ctx.limits(job, spider)
@@ -30,6 +43,7 @@ def show_status(ctx: Context, args: list[str]) -> None:
             {
                 "database": ctx.shown_url,
                 "job": asdict(job),
+                "moved": _moved_json(ctx.moved),
                 "limits": _limits_json(limits, limits_from),
                 "counts": status.counts,
                 "oldest_pending": status.oldest_pending,
@@ -44,6 +58,8 @@ def show_status(ctx: Context, args: list[str]) -> None:
         return
     out = ctx.out
     out(f"Job {job.name}, run {job.generation} ({job.state}) in {ctx.shown_url}")
+    if ctx.moved is not None:
+        out(_moved_line(ctx.moved, ctx) + " What follows is the old copy.")
     out(f"Started {when(job.created_at, ctx.now)}")
     if job.finished_at is not None:
         out(f"Finished {when(job.finished_at, ctx.now)}")
@@ -88,6 +104,19 @@ def show_status(ctx: Context, args: list[str]) -> None:
         out(_worker_table(status.workers, ctx))
     else:
         out("Workers: none running")
+
+
+def _moved_line(moved: Tombstone, ctx: Context) -> str:
+    return (
+        f"Moved to {moved.target} {when(moved.moved_at, ctx.now)} (scrapy frontier move): "
+        "a crawl, retry pass or change of the job here is refused."
+    )
+
+
+def _moved_json(moved: Tombstone | None) -> dict[str, Any] | None:
+    if moved is None:
+        return None
+    return {"target": moved.target, "moved_at": moved.moved_at, "moved_at_iso": iso(moved.moved_at)}
 
 
 def show_domains(ctx: Context, args: list[str]) -> None:

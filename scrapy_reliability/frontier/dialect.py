@@ -68,16 +68,25 @@ READ_ONLY = "frontier_read_only"
 
 _EXAMPLES = "sqlite:////path/to/frontier.sqlite or postgresql+psycopg://user@host:5432/dbname"
 
+#: Where a crawl's database URL comes from, as errors about it name it. A command
+#: given a URL another way (``move --to``) passes its own name as ``given_by``.
+URL_SETTING = "RELIABILITY_DATABASE_URL"
 
-def parse_url(raw: str) -> URL:
+
+def point_elsewhere(given_by: str) -> str:
+    """What to point elsewhere when a SQLite file cannot be used."""
+    return f"JOBDIR or {URL_SETTING}" if given_by == URL_SETTING else given_by
+
+
+def parse_url(raw: str, *, given_by: str = URL_SETTING) -> URL:
     """Parse a SQLAlchemy URL. ``postgres://`` is PostgreSQL, and a URL without a
-    driver (``postgresql://``, ``postgres://``) means psycopg 3."""
+    driver (``postgresql://``, ``postgres://``) means psycopg 3. Errors name the URL
+    as ``given_by``."""
     try:
         url = make_url(raw)
     except ArgumentError as exc:
         raise FrontierUnavailable(
-            f"RELIABILITY_DATABASE_URL is not a database URL ({exc}). Use a SQLAlchemy URL "
-            f"such as {_EXAMPLES}."
+            f"{given_by} is not a database URL ({exc}). Use a SQLAlchemy URL such as {_EXAMPLES}."
         ) from None
     backend, _, driver = url.drivername.partition("+")
     backend = _ALIASES.get(backend, backend)
@@ -85,13 +94,13 @@ def parse_url(raw: str) -> URL:
         guess = difflib.get_close_matches(backend, SUPPORTED, n=1, cutoff=0.6)
         problem = f"did you mean {guess[0]!r}?" if guess else "the frontier does not support it."
         raise FrontierUnavailable(
-            f"RELIABILITY_DATABASE_URL {redact(url)} names the database {backend!r}: "
+            f"{given_by} {redact(url)} names the database {backend!r}: "
             f"{problem} The frontier runs on sqlite or postgresql, e.g. {_EXAMPLES}."
         )
     if driver in _ASYNC_DRIVERS:
         instead = _ASYNC_DRIVERS[driver]
         raise FrontierUnavailable(
-            f"RELIABILITY_DATABASE_URL {redact(url)} names {driver!r}, an asyncio driver; the "
+            f"{given_by} {redact(url)} names {driver!r}, an asyncio driver; the "
             f"frontier runs its SQL on threads through a synchronous one: use "
             f"{backend}+{instead}:// instead."
         )
@@ -137,15 +146,15 @@ def _is_secret(key: str) -> bool:
     return key in _SECRET_PARAMS or any(word in key for word in _SECRET_WORDS)
 
 
-def create(url: URL, *, busy_timeout: float) -> Engine:
+def create(url: URL, *, busy_timeout: float, given_by: str = URL_SETTING) -> Engine:
     """An engine for the frontier. SQLite gets WAL and writer transactions
     (``BEGIN IMMEDIATE``), so that a transaction never fails half-way on the
-    upgrade from a read lock to a write lock."""
+    upgrade from a read lock to a write lock. Errors name the URL as ``given_by``."""
     try:
         if url.get_backend_name() == "sqlite":
             database = url.database or ""
             if database and database != ":memory:" and not database.startswith("file:"):
-                _make_parent(Path(database))
+                _make_parent(Path(database), given_by)
             engine = create_engine(
                 url,
                 connect_args={"timeout": busy_timeout, "check_same_thread": False},
@@ -157,24 +166,24 @@ def create(url: URL, *, busy_timeout: float) -> Engine:
         # retry (the scheduler retries every failed write and claim) gets a new one.
         return create_engine(url, pool_size=2, max_overflow=2)
     except NoSuchModuleError:
-        raise FrontierUnavailable(_unknown_driver(url)) from None
+        raise FrontierUnavailable(_unknown_driver(url, given_by)) from None
     except ImportError as exc:
-        raise FrontierUnavailable(_driver_missing(url, exc)) from None
+        raise FrontierUnavailable(_driver_missing(url, exc, given_by)) from None
 
 
-def _unknown_driver(url: URL) -> str:
+def _unknown_driver(url: URL, given_by: str) -> str:
     backend = url.get_backend_name()
     driver = url.get_driver_name()
     known = list(_DRIVERS.get(backend, {}))
     guess = difflib.get_close_matches(driver, known, n=1, cutoff=0.5)
     hint = f"did you mean {backend}+{guess[0]}://? " if guess else ""
     return (
-        f"RELIABILITY_DATABASE_URL {redact(url)} names the driver {driver!r}, which "
+        f"{given_by} {redact(url)} names the driver {driver!r}, which "
         f"SQLAlchemy does not know for {backend}: {hint}Known drivers: {', '.join(known)}."
     )
 
 
-def _driver_missing(url: URL, exc: ImportError) -> str:
+def _driver_missing(url: URL, exc: ImportError, given_by: str) -> str:
     backend = url.get_backend_name()
     driver = url.get_driver_name()
     drivers = _DRIVERS.get(backend, {})
@@ -186,18 +195,18 @@ def _driver_missing(url: URL, exc: ImportError) -> str:
         else ""
     )
     return (
-        f"RELIABILITY_DATABASE_URL {redact(url)} uses the driver {driver!r}, which is not "
+        f"{given_by} {redact(url)} uses the driver {driver!r}, which is not "
         f"installed (no module {exc.name or str(exc)!r}): {install}{instead}."
     )
 
 
-def _make_parent(path: Path) -> None:
+def _make_parent(path: Path, given_by: str = URL_SETTING) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise FrontierUnavailable(
             f"Cannot create the directory of the SQLite frontier {path}: {exc.strerror}. "
-            "Point JOBDIR or RELIABILITY_DATABASE_URL at a writable directory."
+            f"Point {point_elsewhere(given_by)} at a writable directory."
         ) from None
 
 

@@ -44,14 +44,17 @@ def current_revision(engine: Engine) -> str | None:
         return context.get_current_revision()
 
 
-def upgrade(engine: Engine, *, create_only: bool = False) -> tuple[str | None, str]:
+def upgrade(
+    engine: Engine, *, create_only: bool = False, given_by: str = dialect.URL_SETTING
+) -> tuple[str | None, str]:
     """Bring the schema to head; return (revision before, revision after).
 
     A database at a revision this release does not know is refused
     (:class:`SchemaTooNew`) and left untouched; so is one with frontier tables but
     no version. Everything is decided under the migration lock, so workers
     starting together on a fresh database create it once. With ``create_only``
-    an existing older schema is refused (:class:`SchemaOutdated`) instead.
+    an existing older schema is refused (:class:`SchemaOutdated`) instead. Errors
+    name the database URL as ``given_by``.
     """
     url = redact(engine.url)
     try:
@@ -65,7 +68,7 @@ def upgrade(engine: Engine, *, create_only: bool = False) -> tuple[str | None, s
                     raise SchemaError(
                         f"The database {url} has frontier tables "
                         f"({', '.join(sorted(existing))}) but no {VERSION_TABLE} table, so "
-                        "its schema version is unknown. Point RELIABILITY_DATABASE_URL at "
+                        f"its schema version is unknown. Point {given_by} at "
                         "another database or drop those tables."
                     )
             elif before not in known_revisions():
@@ -76,7 +79,7 @@ def upgrade(engine: Engine, *, create_only: bool = False) -> tuple[str | None, s
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
     except OperationalError as exc:
-        raise unavailable(engine.url, exc) from None
+        raise unavailable(engine.url, exc, given_by=given_by) from None
     return before, head_revision()
 
 
@@ -107,10 +110,12 @@ _ROLE_MISSING = re.compile(r'role "(?P<name>[^"]*)" does not exist')
 _DATABASE_MISSING = re.compile(r'database "(?P<name>[^"]*)" does not exist')
 
 
-def unavailable(url: URL, exc: OperationalError) -> FrontierError:
+def unavailable(
+    url: URL, exc: OperationalError, *, given_by: str = dialect.URL_SETTING
+) -> FrontierError:
     """A clear error, naming the cause and what to do, for a database that cannot
     be opened: locked (SQLite), or on PostgreSQL a server that cannot be reached,
-    a refused login, a missing database."""
+    a refused login, a missing database. It names the URL as ``given_by``."""
     full = dialect.scrub(str(exc.orig).strip() if exc.orig else str(exc), url)
     message = dialect.scrub(first_line(exc), url) or type(exc.orig or exc).__name__
     shown = redact(url)
@@ -130,29 +135,29 @@ def unavailable(url: URL, exc: OperationalError) -> FrontierError:
             name = database["name"]
             return FrontierUnavailable(
                 f"{server} has no database {name!r}: create it (createdb {name}, or CREATE "
-                f"DATABASE {name}) or fix the database name in RELIABILITY_DATABASE_URL "
+                f"DATABASE {name}) or fix the database name in {given_by} "
                 f"{shown}."
             )
         if _ROLE_MISSING.search(full) or any(s in lower for s in _LOGIN_REFUSED):
             return FrontierUnavailable(
                 f"{server} refused the login of user {url.username or '(none)'!r} ({reason}): "
-                f"fix the user name or password in RELIABILITY_DATABASE_URL {shown}, or "
+                f"fix the user name or password in {given_by} {shown}, or "
                 "create that role on the server."
             )
         if any(s in lower for s in _UNREACHABLE):
             return FrontierUnavailable(
                 f"{server} cannot be reached ({reason}): start it, or fix the host and port "
-                f"in RELIABILITY_DATABASE_URL {shown}."
+                f"in {given_by} {shown}."
             )
     if url.get_backend_name() == "sqlite":
         return FrontierUnavailable(
             f"Cannot open the SQLite frontier {shown}: {message}. Check that its disk has "
-            "free space and that the file and its directory are writable (or point JOBDIR "
-            "or RELIABILITY_DATABASE_URL elsewhere)."
+            "free space and that the file and its directory are writable (or point "
+            f"{dialect.point_elsewhere(given_by)} elsewhere)."
         )
     return FrontierUnavailable(
         f"Cannot open the frontier database {shown}: {message}. Check "
-        "RELIABILITY_DATABASE_URL (host, port, database name, credentials) and that the "
+        f"{given_by} (host, port, database name, credentials) and that the "
         "server is running."
     )
 

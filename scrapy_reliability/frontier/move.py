@@ -14,7 +14,11 @@ back to pending in the copy, as lease recovery would do.
 
 The copy runs in one transaction on the target, reads one snapshot of the
 source, and checks the counts per table and state before it commits: all or
-nothing. The source is never written.
+nothing; it removes the job's tombstone from the target (the job came back).
+Only once the committed copy is counted again does the source change, in one
+transaction (:func:`leave_source`): the job's tombstone
+(:mod:`~scrapy_reliability.frontier.tombstone`), and with ``--delete-source`` the
+deletion of its rows, both only if the source still holds what was copied.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from sqlalchemy import (
     Engine,
     Table,
     UniqueConstraint,
+    delete,
     func,
     insert,
     select,
@@ -37,7 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 
-from scrapy_reliability.frontier import migrate
+from scrapy_reliability.frontier import migrate, tombstone
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.dialect import redact
 from scrapy_reliability.frontier.errors import FrontierError, SchemaTooNew
@@ -72,6 +77,11 @@ class MoveRefused(FrontierError):
     """The move cannot run as asked; nothing was written."""
 
 
+class SourceChanged(FrontierError):
+    """The source's rows of the job changed after the copy was read: it keeps the
+    job (no tombstone written, nothing deleted)."""
+
+
 class MoveMismatch(FrontierError):
     """The copy's counts differ from the source's: rolled back, nothing written."""
 
@@ -92,18 +102,26 @@ class MoveResult:
     target: Counts = field(default_factory=dict)
     recovered_leases: int = 0
     unmapped: dict[str, int] = field(default_factory=dict)
+    #: The target's tombstone of the job, removed by the copy: the job came back.
+    came_back: tombstone.Tombstone | None = None
 
     def mismatches(self) -> list[str]:
         """``table state: expected N, found M`` for each count that differs."""
-        found = []
-        for table in sorted(set(self.expected) | set(self.target)):
-            want, got = self.expected.get(table, {}), self.target.get(table, {})
-            for state in sorted(set(want) | set(got)):
-                if want.get(state, 0) != got.get(state, 0):
-                    found.append(
-                        f"{table} {state}: expected {want.get(state, 0)}, found {got.get(state, 0)}"
-                    )
-        return found
+        return differences(self.expected, self.target, ("expected", "found"))
+
+
+def differences(a: Counts, b: Counts, words: tuple[str, str]) -> list[str]:
+    """``table state: <words[0]> N, <words[1]> M`` for each count that differs."""
+    found = []
+    for table in sorted(set(a) | set(b)):
+        want, got = a.get(table, {}), b.get(table, {})
+        for state in sorted(set(want) | set(got)):
+            if want.get(state, 0) != got.get(state, 0):
+                found.append(
+                    f"{table} {state}: {words[0]} {want.get(state, 0)}, "
+                    f"{words[1]} {got.get(state, 0)}"
+                )
+    return found
 
 
 # -- the tables of a job ------------------------------------------------------------------------
@@ -341,6 +359,8 @@ def move_job(source: Engine, target: Engine, names: Sequence[str]) -> MoveResult
         result.expected = expected_counts(result.source)
         with target.begin() as dst:
             refuse_existing(dst, names)
+            result.came_back = tombstone.find(dst, names[0])
+            tombstone.clear(dst, names)
             copy = _Copy(src, dst, result)
             copy.run(old_jobs)
             result.target = count_job(dst, list(copy.job_map.values()))
@@ -376,17 +396,54 @@ def verify(target: Engine, names: Sequence[str], result: MoveResult) -> list[str
     return result.mismatches()
 
 
+def leave_source(
+    source: Engine,
+    names: Sequence[str],
+    target: str,
+    result: MoveResult,
+    *,
+    delete_rows: bool,
+    now: float,
+) -> dict[str, int] | None:
+    """Once the copy is committed and verified, mark the source in one transaction:
+    the tombstone of the jobs ``names`` (pointing at ``target``, its password
+    masked), and with ``delete_rows`` every row of every run of the jobs in every
+    table keyed by a job. Both only if the source still counts what was copied
+    (``result.source``): else :class:`SourceChanged`, and nothing is written.
+    Returns the rows deleted per table (None without ``delete_rows``)."""
+    with source.begin() as conn:
+        tombstone.leave(conn, names, target, now=now)
+        old_jobs = job_ids(conn, names)
+        changed = differences(result.source, count_job(conn, old_jobs), ("copied", "now"))
+        if changed:
+            raise SourceChanged(
+                f"the source's rows of job {names[0]!r} changed after they were copied ("
+                + "; ".join(changed)
+                + "): a worker ran during the move. The source keeps the job (no tombstone, "
+                "nothing deleted); remove the target's copy (scrapy frontier purge "
+                "--whole-job --yes --database-url TARGET) and move again once no worker runs"
+            )
+        if not delete_rows:
+            return None
+        # Rows that refer to others first, the job rows last.
+        return {
+            table.name: int(conn.execute(delete(table).where(_where(table, old_jobs))).rowcount)
+            for table in reversed(job_tables())
+        }
+
+
 # -- the target ---------------------------------------------------------------------------------
 
 
-def target_is_fresh(engine: Engine) -> bool:
+def target_is_fresh(engine: Engine, *, given_by: str) -> bool:
     """Whether ``engine``'s database holds no frontier yet (it is then created at
     head, like a fresh database); raises :class:`MoveRefused` or
-    :class:`SchemaTooNew` for a frontier at another schema version."""
+    :class:`SchemaTooNew` for a frontier at another schema version. Errors name its
+    URL as ``given_by`` (the command's option)."""
     try:
         current = migrate.current_revision(engine)
     except OperationalError as exc:
-        raise migrate.unavailable(engine.url, exc) from None
+        raise migrate.unavailable(engine.url, exc, given_by=given_by) from None
     head = migrate.head_revision()
     if current == head:
         return False
@@ -400,6 +457,6 @@ def target_is_fresh(engine: Engine) -> bool:
     )
 
 
-def create_target(engine: Engine) -> None:
+def create_target(engine: Engine, *, given_by: str) -> None:
     """Create the frontier schema at head on a fresh target."""
-    migrate.upgrade(engine, create_only=True)
+    migrate.upgrade(engine, create_only=True, given_by=given_by)

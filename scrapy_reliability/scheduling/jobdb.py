@@ -22,6 +22,7 @@ from scrapy_reliability.frontier import (
     JobFinished,
     WriteBatch,
     WriteResult,
+    tombstone,
 )
 from scrapy_reliability.frontier.dialect import redact, scrub
 from scrapy_reliability.frontier.learned import LearnedRules
@@ -94,6 +95,9 @@ def open_job(
         busy_timeout=config.sqlite_busy_timeout,
     )
     try:
+        # The add-on refused a moved job before the engine started; this holds for
+        # a scheduler set without it, and for a move that ended since.
+        tombstone.refuse_crawl(frontier.engine, name, allow=config.allow_moved)
         reopened = _reopen_dead_letters(frontier, name, retry_pass)
         try:
             job = frontier.open_job(

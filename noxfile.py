@@ -2,7 +2,8 @@
 
 ``.ci/matrix`` runs every session here (``nox``); ``nox --list`` lists them, and
 ``nox -s "full(oldest)"`` runs one. Each session is a fresh virtual environment with the package
-(``.[test]``) and one Scrapy. The interpreters are found on ``PATH`` as ``python3.10`` and
+(``.[test]``, which brings the browser extra's scrapy-playwright for the browser tests) and one
+Scrapy. The interpreters are found on ``PATH`` as ``python3.10`` and
 ``python3.13`` (``.ci/matrix`` puts pyenv's there).
 
 * ``full``: the fast tests (everything but ``slow``, ``long`` and ``crashmatrix``) and a

@@ -3,12 +3,16 @@
 What can stop a crawl before its first request is checked by the add-on, from
 ``update_settings``, before Scrapy builds its engine: the Scrapy internals the
 ack protocol hooks into (:mod:`scrapy_reliability.scheduling.scrapy_hooks`), every
-setting value, and the frontier database (its URL, driver, server, login, database name, schema,
-the SQLite file's lock). The same error raised later, from the scheduler's
-``open``, comes with Scrapy's secondary tracebacks: the engine then closes a
-scraper and stats that never opened. Raised here, it ends the crawl before
-anything started; Scrapy counts the start as failed (``scrapy crawl`` exits with
-status 1), and a script that runs the crawl gets the exception.
+setting value, the optional packages the settings need (prometheus-client for
+``RELIABILITY_PROMETHEUS_PORT``, scrapy-playwright for browser pages: the error names
+the extra to install), and the frontier database (its URL, driver, server, login,
+database name, schema, the SQLite file's lock). Before them, each ``RELIABILITY_*``
+name that is no setting gets a WARNING (a misspelling may be why a value fails).
+The same error raised later, from the scheduler's ``open``, comes with Scrapy's
+secondary tracebacks: the engine then closes a scraper and stats that never opened.
+Raised here, it ends the crawl before anything started; Scrapy counts the start as
+failed (``scrapy crawl`` exits with status 1), and a script that runs the crawl gets
+the exception.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from scrapy_reliability import _jobs
+from scrapy_reliability import _jobs, known_settings
 from scrapy_reliability.config import Config, SettingError
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.errors import FrontierError, FrontierUnavailable, first_line
@@ -57,16 +62,29 @@ def reported(crawler: Crawler | None) -> Iterator[None]:
         raise
 
 
+def warn_of_unknown_settings(crawler: Crawler | None, settings: BaseSettings) -> None:
+    """One WARNING per ``RELIABILITY_*`` name of the settings or the environment that
+    has no effect (a misspelling), naming the closest setting
+    (:func:`scrapy_reliability.known_settings.unknown_names`)."""
+    for line in known_settings.unknown_names(settings, os.environ):
+        logger.warning("%(line)s", {"line": line}, extra={"crawler": crawler})
+
+
 def check_settings(settings: BaseSettings) -> Config:
-    """Every setting parsed and checked now (:class:`SettingError` names the bad one)."""
+    """Every setting parsed and checked now, and the optional packages they need
+    imported (:class:`SettingError` names the bad setting, or the extra to install)."""
     from scrapy_reliability.middlewares import BanDetector
-    from scrapy_reliability.playwright import watchdog_timeout
+    from scrapy_reliability.monitoring.metrics import require_prometheus_client
+    from scrapy_reliability.playwright import require_scrapy_playwright, watchdog_timeout
     from scrapy_reliability.retry import RetryPolicy
 
     config = Config.from_settings(settings)
     RetryPolicy.from_settings(settings)
     BanDetector.from_settings(settings)
     watchdog_timeout(settings)
+    if config.monitoring.prometheus_ports is not None:
+        require_prometheus_client()
+    require_scrapy_playwright(settings)
     if settings.getbool("HTTPCACHE_ENABLED"):
         from scrapy_reliability.httpcache import CacheOptions
 

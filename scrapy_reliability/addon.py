@@ -46,9 +46,10 @@ class Addon:
     project set one).
 
     Before Scrapy builds its engine it checks the Scrapy internals the ack protocol
-    hooks into and every setting, and opens the frontier once: a crawl that cannot
-    start ends with one ERROR line and exit status 1 (see
-    :mod:`scrapy_reliability._startup`).
+    hooks into, every setting and the optional packages they need (prometheus-client,
+    scrapy-playwright), and opens the frontier once: a crawl that cannot start ends
+    with one ERROR line and exit status 1 (see :mod:`scrapy_reliability._startup`). A
+    ``RELIABILITY_*`` name that is no setting gets a WARNING naming the closest one.
     """
 
     def __init__(self, crawler: Crawler):
@@ -71,6 +72,11 @@ class Addon:
         # engine, in one line naming the setting or the database and what to do.
         with _startup.reported(self.crawler):
             scrapy_hooks.check()
+            if bool_setting(settings, "RELIABILITY_JSON_LOGS", False):
+                # As early as an add-on can: every later line of the crawl log is JSON.
+                install_json_logs(self.crawler)
+            # Before any value is checked: a misspelled name may be why a value fails.
+            _startup.warn_of_unknown_settings(self.crawler, settings)
             config = _startup.check_settings(settings)
             if config.recrawl.on:
                 from scrapy_reliability.recrawl import RecrawlMiddleware
@@ -80,9 +86,6 @@ class Addon:
                 settings.set_in_component_priority_dict(
                     "DOWNLOADER_MIDDLEWARES", RecrawlMiddleware, 580
                 )
-            if config.monitoring.json_logs:
-                # As early as an add-on can: every later line of the crawl log is JSON.
-                install_json_logs(self.crawler)
             _startup.check_frontier(self.crawler, settings, config)
 
     @staticmethod

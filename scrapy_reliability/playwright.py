@@ -26,7 +26,9 @@ This module registers its codecs into :mod:`scrapy_reliability.serialization`
 (:func:`register_codecs`), which names it only as a plugin path and calls it the
 first time it meets a Playwright value or a ``playwright*`` meta key; nothing happens
 at import. It also reads the browser download watchdog's setting
-(:func:`watchdog_timeout`), checked at startup, and puts the watchdog,
+(:func:`watchdog_timeout`), checked at startup with scrapy-playwright's presence
+(:func:`require_scrapy_playwright`: an optional dependency, the ``browser`` extra),
+and puts the watchdog,
 :class:`scrapy_reliability.playwright_handler.PlaywrightDownloadHandler`, in place of
 scrapy-playwright's handler (:func:`install_handler`, called by the add-on).
 """
@@ -51,7 +53,12 @@ from scrapy_reliability.serialization import (
     register_codec,
     register_meta_preparer,
 )
-from scrapy_reliability.settings_values import MAX_SECONDS, SettingError, nonnegative_float
+from scrapy_reliability.settings_values import (
+    MAX_SECONDS,
+    SettingError,
+    missing_extra,
+    nonnegative_float,
+)
 
 #: Seconds a browser request may spend in scrapy-playwright's download handler.
 TIMEOUT_SETTING = "RELIABILITY_PLAYWRIGHT_TIMEOUT_SECONDS"
@@ -239,6 +246,33 @@ def install_handler(settings: BaseSettings) -> list[str]:
         priority = settings.getpriority("DOWNLOAD_HANDLERS") or 0
         settings.set("DOWNLOAD_HANDLERS", table, priority=priority)
     return changed
+
+
+def require_scrapy_playwright(settings: BaseSettings) -> None:
+    """Where the project enables browser pages (``DOWNLOAD_HANDLERS`` names
+    scrapy-playwright's handler or :data:`HANDLER`), scrapy-playwright and Playwright
+    can be imported; else :class:`SettingError` naming the ``browser`` extra that
+    installs them. (Neither is a dependency: most crawlers never open a browser.)"""
+    table = settings.getdict("DOWNLOAD_HANDLERS")
+    schemes = sorted(str(s) for s, value in table.items() if _is_browser_handler(value))
+    if not schemes:
+        return
+    try:
+        import scrapy_playwright.handler  # noqa: F401  (it imports Playwright)
+    except ImportError as exc:
+        raise missing_extra(
+            f"DOWNLOAD_HANDLERS names a scrapy-playwright download handler for "
+            f"{', '.join(schemes)} (browser pages)",
+            "scrapy-playwright",
+            "browser",
+            exc,
+            "take it out of DOWNLOAD_HANDLERS",
+        ) from None
+
+
+def _is_browser_handler(value: Any) -> bool:
+    name = value if isinstance(value, str) else _qualified_name(value)
+    return name in (SCRAPY_PLAYWRIGHT_HANDLER, HANDLER)
 
 
 def _is_scrapy_playwright(value: Any) -> bool:

@@ -185,3 +185,15 @@ def _error(name: str, accepts: str, raw: Any) -> SettingError:
 def bool_setting(settings: BaseSettings, name: str, default: bool) -> bool:
     """A boolean setting: True/False, 1/0 or 'true'/'false'; SettingError otherwise."""
     return _bool(settings, name, default)
+
+
+def missing_extra(
+    needs: str, package: str, extra: str, error: ImportError, instead: str
+) -> SettingError:
+    """The one line for an optional package that cannot be imported: what ``needs`` it
+    (a setting, named), the import error, the extra that installs it and ``instead``,
+    the other way out (e.g. "unset RELIABILITY_PROMETHEUS_PORT")."""
+    return SettingError(
+        f"{needs}, but {package} is not installed ({error}): "
+        f"pip install 'scrapy-reliability[{extra}]', or {instead}."
+    )

@@ -115,6 +115,10 @@ def test_unstorable_meta_is_refused_by_name_and_the_crawl_goes_on(tmp_path, site
     assert "meta['unstorable']" in log
     assert "'reliability/refused/unserializable': 3" in log  # page 5 of each host
     assert "'finish_reason': 'incomplete'" in log
+    # Scrapy's own last line agrees with the finish reason (the engine closed the idle
+    # spider as "finished").
+    assert log.rstrip().splitlines()[-1].endswith("Spider closed (incomplete)"), log[-500:]
+    assert "Spider closed (finished)" not in log
     assert pages_in(items) == every_page(site)
 
 

@@ -1,8 +1,10 @@
-"""``doctor [SPIDER]``: check the setup (the settings, the add-on, prometheus-client,
-the database and its schema, the job's workers, leases and paused domains)."""
+"""``doctor [SPIDER]``: check the setup (the settings, ``RELIABILITY_*`` names that are
+no setting, the add-on, prometheus-client, scrapy-playwright, the database and its
+schema, the job's workers, leases and paused domains)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from scrapy_reliability.frontier import dialect, migrate
 from scrapy_reliability.frontier.errors import FrontierError, first_line
 from scrapy_reliability.frontier.inspect import Inspector
 from scrapy_reliability.frontier.tombstone import Tombstone, crawl_advice
+from scrapy_reliability.known_settings import unknown_names
 
 
 def check_setup(ctx: Context, args: list[str]) -> bool:
@@ -45,10 +48,13 @@ class _Doctor:
 
     def run(self) -> list[tuple[str, str, str]]:
         settings = self.ctx.settings_for(self.spider)
+        for line in unknown_names(settings, os.environ):
+            self.add("unknown name", "warn", line)
         config = self._settings(settings)
         self._addon(settings)
         if config is not None:
             self._metrics(config)
+            self._browser(settings)
             self._database(config)
         return self.checks
 
@@ -114,19 +120,24 @@ class _Doctor:
             )
 
     def _metrics(self, config: Config) -> None:
+        from scrapy_reliability.monitoring.metrics import require_prometheus_client
+
         if config.monitoring.prometheus_ports is None:
             return
         try:
-            import prometheus_client  # noqa: F401
-        except ImportError:
-            self.add(
-                "prometheus",
-                "fail",
-                "RELIABILITY_PROMETHEUS_PORT is set but prometheus-client is not installed: "
-                "pip install 'scrapy-reliability[metrics]'",
-            )
+            require_prometheus_client()
+        except SettingError as exc:
+            self.add("prometheus", "fail", str(exc))
         else:
             self.add("prometheus", "ok", "prometheus-client installed")
+
+    def _browser(self, settings: BaseSettings) -> None:
+        from scrapy_reliability.playwright import require_scrapy_playwright
+
+        try:
+            require_scrapy_playwright(settings)
+        except SettingError as exc:
+            self.add("browser", "fail", str(exc))
 
     def _database(self, config: Config) -> None:
         ctx = self.ctx

@@ -11,10 +11,11 @@ from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from scrapy_reliability.config import Monitoring, SettingError
+from scrapy_reliability.config import Monitoring
 from scrapy_reliability.frontier.inspect import Probe
 from scrapy_reliability.frontier.schema import ERROR_CLASSES, STATES
 from scrapy_reliability.monitoring.counters import MAX_DOMAIN_LABELS, Counters
+from scrapy_reliability.settings_values import missing_extra
 
 if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
@@ -225,14 +226,25 @@ def _probe_metrics(probe: Probe) -> Iterator[Any]:
     )
 
 
-def metrics_app(metrics: Metrics) -> Callable[..., Any]:
+def require_prometheus_client() -> None:
+    """prometheus-client can be imported; else :class:`SettingError` naming the extra
+    that installs it (checked at startup when RELIABILITY_PROMETHEUS_PORT is set)."""
     try:
-        from prometheus_client import CollectorRegistry, make_wsgi_app
-    except ImportError:
-        raise SettingError(
-            "RELIABILITY_PROMETHEUS_PORT is set but prometheus-client is not installed: "
-            "pip install 'scrapy-reliability[metrics]' (or unset the setting)."
+        import prometheus_client  # noqa: F401
+    except ImportError as exc:
+        raise missing_extra(
+            "RELIABILITY_PROMETHEUS_PORT is set",
+            "prometheus-client",
+            "metrics",
+            exc,
+            "unset RELIABILITY_PROMETHEUS_PORT",
         ) from None
+
+
+def metrics_app(metrics: Metrics) -> Callable[..., Any]:
+    require_prometheus_client()
+    from prometheus_client import CollectorRegistry, make_wsgi_app
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)
     app: Callable[..., Any] = make_wsgi_app(registry)

@@ -8,10 +8,12 @@ the installed Scrapy has every one of them: keep the two in step.
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from scrapy import Request
+from scrapy import Request, signals
 from twisted.internet.defer import Deferred
 
 if TYPE_CHECKING:
@@ -112,3 +114,52 @@ def engine_scheduler(crawler: Crawler) -> Any:
     if scheduler is None:
         scheduler = getattr(getattr(engine, "_slot", None), "scheduler", None)
     return scheduler
+
+
+#: The engine's last line of a crawl, as ``ExecutionEngine.close_spider_async`` (2.14+)
+#: and ``close_spider`` (2.13) log it, with the reason the engine closed with.
+_CLOSED_LINE = "Spider closed (%(reason)s)"
+_ENGINE_LOGGER = "scrapy.core.engine"
+_closing_lines: weakref.WeakKeyDictionary[Crawler, _ClosedLine] = weakref.WeakKeyDictionary()
+
+
+def name_finish_reason(crawler: Crawler, reason: str) -> None:
+    """Have Scrapy's own closing line, ``Spider closed (...)``, name ``reason``: the
+    finish reason this package gave the run (``incomplete``, ``frontier_unavailable``),
+    which the engine cannot know. It closes an idle spider as "finished", and passes
+    that to the line as a local value, not through anything a component can change.
+
+    So the line is rewritten on its way through the engine's logger, for this
+    crawler's spider only, until the engine stops. Called again, the last reason wins.
+    """
+    closing = _closing_lines.get(crawler)
+    if closing is None:
+        closing = _ClosedLine(crawler, reason)
+        _closing_lines[crawler] = closing
+        logging.getLogger(_ENGINE_LOGGER).addFilter(closing)
+        crawler.signals.connect(closing.remove, signal=signals.engine_stopped)
+    closing.reason = reason
+
+
+class _ClosedLine(logging.Filter):
+    """Rewrites the reason of one crawler's ``Spider closed`` line."""
+
+    def __init__(self, crawler: Crawler, reason: str):
+        super().__init__()
+        self.crawler = weakref.ref(crawler)
+        self.reason = reason
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        crawler = self.crawler()
+        spider = getattr(crawler, "spider", None)
+        if (
+            record.msg == _CLOSED_LINE
+            and spider is not None
+            and getattr(record, "spider", None) is spider
+            and isinstance(record.args, dict)
+        ):
+            record.args = {**record.args, "reason": self.reason}
+        return True
+
+    def remove(self, **_kwargs: Any) -> None:
+        logging.getLogger(_ENGINE_LOGGER).removeFilter(self)

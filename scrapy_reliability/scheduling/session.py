@@ -384,8 +384,10 @@ class Session:
             )
 
     def _end_incomplete(self, reason: str) -> None:
-        """The run did not complete: say so in its finish reason and exit status."""
+        """The run did not complete: say so in its finish reason, Scrapy's closing
+        line (``Spider closed (incomplete)``) and exit status."""
         self._finish_reason = reason
+        engine.name_finish_reason(self.ctx.crawler, reason)
         _exitcode.fail_after_close(self.ctx.crawler)
 
     def _spider_closed(self, spider: Spider, reason: str) -> None:

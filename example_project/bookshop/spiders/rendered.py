@@ -23,7 +23,6 @@ from urllib.parse import urlsplit
 import scrapy
 from scrapy.exceptions import UsageError
 from scrapy.http import Response, TextResponse
-from scrapy_playwright.page import PageMethod
 
 from bookshop.items import PageItem
 
@@ -84,6 +83,10 @@ class RenderedSpider(scrapy.Spider):
     def render(self, url: str) -> scrapy.Request:
         """The same URL once more, through Chromium. Everything in this meta is
         stored in the frontier as JSON and survives a restart."""
+        # Imported here, not at the top: Scrapy imports every spider module of the
+        # project, and `catalog` runs without scrapy-playwright (an extra).
+        from scrapy_playwright.page import PageMethod
+
         return scrapy.Request(
             url,
             callback=self.parse,

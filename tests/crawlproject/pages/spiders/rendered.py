@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import scrapy
-from scrapy_playwright.page import PageMethod
 
 _PAGE = re.compile(r"/p/(\d+)$")
 # Set by the page method: proves it ran, with its argument, in the context's locale.
@@ -86,6 +85,11 @@ class RenderedSpider(scrapy.Spider):
         found = _PAGE.search(url)
         if found is None or int(found.group(1)) % self.browser_every:
             return scrapy.Request(url, callback=self.parse)
+        # Imported here, not at the top: Scrapy imports every spider module of the
+        # project, and the other spiders must run where scrapy-playwright is missing
+        # (tests/test_extras.py blocks it).
+        from scrapy_playwright.page import PageMethod
+
         meta: dict[str, Any] = {
             "playwright": True,
             "playwright_context": "rendering",

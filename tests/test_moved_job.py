@@ -250,7 +250,7 @@ def test_delete_source_keeps_the_tombstone_moving_back_clears_it_and_the_overrid
         there.settings.remove("RELIABILITY_ALLOW_MOVED=True")
         assert there.run() == 0, there.log()[-3000:]
         assert "runs this old copy anyway" not in there.log()
-        assert "already finished" in there.log()
+        assert "New run 2 of job pages@job" in there.log()  # its home again: the next run
 
 
 # -- operator commands on the source ------------------------------------------------------------

@@ -59,6 +59,9 @@ class Job:
     #: rows made pending by age, and for a parse under a new cache namespace.
     recrawl_due: int = 0
     recrawl_parse: int = 0
+    #: Adopted from a stock JOBDIR (frontier/adoption.py): its start requests are
+    #: keyed by fingerprint, as the fingerprints of Scrapy's requests.seen are.
+    adopted: bool = False
 
 
 # The per-request records (NewRequest, Claimed, Transition) are named tuples: as

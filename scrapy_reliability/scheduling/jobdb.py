@@ -1,10 +1,13 @@
 """The job session's database-thread side: open (connect, job, register,
 recover), heartbeat, close (final writes, release, what is left). Each function
 runs on the database thread and returns what the reactor side (``session``)
-reports; none touches Scrapy or the reactor."""
+reports; none touches the reactor, and only the import of a stock JOBDIR reads
+through Scrapy there (its disk queues, while the engine waits for the scheduler
+to open)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -23,9 +26,11 @@ from scrapy_reliability.frontier import (
     WriteBatch,
     WriteResult,
 )
+from scrapy_reliability.frontier.adoption import is_adopted
 from scrapy_reliability.frontier.dialect import redact, scrub
 from scrapy_reliability.frontier.store import SQLAlchemyError
 from scrapy_reliability.scheduling.batches import one_line, units
+from scrapy_reliability.scheduling.stock_jobdir import Adoption, StockJobdir
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
 
@@ -47,6 +52,8 @@ class Opened:
     counts: dict[str, int]
     #: Other live workers of the job and their spiders' callback names.
     peers: dict[str, frozenset[str]]
+    #: The JOBDIR held Scrapy's own crawl state: what became of it.
+    adoption: Adoption | None = None
 
 
 @dataclass
@@ -83,14 +90,19 @@ def open_job(
     retry_pass: RetryPass | None,
     worker: Worker,
     callbacks: list[str],
+    stock: StockJobdir | None = None,
 ) -> Opened | JobFinished:
-    """Connect, open the job, register this worker, recover dead workers' leases."""
+    """Connect, adopt ``stock`` (Scrapy's own state in JOBDIR) into a new job, open
+    the job, register this worker, recover dead workers' leases."""
     frontier = Frontier.connect(
         url,
         auto_migrate=config.auto_migrate,
         busy_timeout=config.sqlite_busy_timeout,
     )
     try:
+        adoption = None
+        if stock is not None and retry_pass is None:
+            adoption = stock.adopt(frontier, name, scheme=scheme, url_policy=url_policy)
         reopened = _reopen_dead_letters(frontier, name, retry_pass)
         try:
             job = frontier.open_job(
@@ -104,6 +116,8 @@ def open_job(
         except JobFinished as exc:
             frontier.close()
             return exc
+        if is_adopted(frontier.engine, job.id):
+            job = dataclasses.replace(job, adopted=True)
         frontier.register_worker(
             job.id, worker.id, worker.hostname, worker.pid, callbacks=callbacks
         )
@@ -132,7 +146,7 @@ def open_job(
         raise
     if reopened is not None:
         counts["reopened"] = reopened
-    return Opened(frontier, job, recovered, counts, peers)
+    return Opened(frontier, job, recovered, counts, peers, adoption)
 
 
 def _reopen_dead_letters(frontier: Frontier, name: str, rp: RetryPass | None) -> int | None:

@@ -245,7 +245,10 @@ class Scheduler(BaseScheduler):
         if request.meta.get("is_start_request"):
             # Deterministic across runs, so a resumed job does not fetch its start
             # requests again; the same start URL twice in one run is the n-th copy.
-            key = f"s:{fingerprint}"
+            # An adopted job keys the first by its fingerprint: Scrapy's requests.seen
+            # names a start page it fetched only so (frontier/adoption.py).
+            job = self._ctx.job
+            key = fingerprint if job is not None and job.adopted else f"s:{fingerprint}"
             n = 0
             while key in self.dupefilter.recent or key in self._writes.requests:
                 n += 1

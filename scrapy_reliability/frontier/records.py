@@ -98,6 +98,9 @@ class Job:
     previous_ended_at: float | None = None
     #: What the job's domains had learned and whether this run applies it.
     learned: LearnedReview = field(default_factory=LearnedReview)
+    #: Adopted from a stock JOBDIR (frontier/adoption.py): its start requests are
+    #: keyed by fingerprint, as the fingerprints of Scrapy's requests.seen are.
+    adopted: bool = False
 
 
 # The per-request records (NewRequest, Claimed, Transition) are named tuples: as

@@ -23,7 +23,7 @@ from scrapy_reliability.frontier import FrontierError, JobFinished
 from scrapy_reliability.frontier.dialect import redact
 from scrapy_reliability.frontier.schema import JOB_RUNNING
 from scrapy_reliability.frontier.store import UNPROCESSED_CLASSES, is_storage_failure
-from scrapy_reliability.scheduling import engine, jobdb, start_lines
+from scrapy_reliability.scheduling import engine, jobdb, start_lines, stock_jobdir
 from scrapy_reliability.scheduling.claims import ClaimBuffer
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.outcomes import Outcomes
@@ -77,6 +77,7 @@ class Session:
         name = _jobs.job_name(ctx.config, settings, spider.name)
         _feeds.repair_line_feeds(settings.getdict("FEEDS"))
         ctx.feed_exporters = _feeds.feed_exporters(ctx.crawler)
+        stock = self._stock_jobdir(spider)
         d = ctx.db.deferred(
             jobdb.open_job,
             url,
@@ -87,8 +88,23 @@ class Session:
             retry_pass=ctx.retry_pass,
             worker=jobdb.Worker(ctx.worker_id, ctx.hostname, ctx.pid),
             callbacks=jobdb.callback_names(spider),
+            stock=stock,
         )
+        if stock is not None:
+            d.addCallback(self._adopted)
         return d.addCallbacks(self._opened, self._open_failed)
+
+    def _stock_jobdir(self, spider: Spider) -> stock_jobdir.StockJobdir | None:
+        """Scrapy's own crawl state in JOBDIR, to adopt into a new job."""
+        files = stock_jobdir.find(self.ctx.crawler.settings)
+        if files is None or self.ctx.retry_pass is not None:
+            return None
+        return stock_jobdir.StockJobdir(self.ctx.crawler, spider, self.dupefilter.key, files)
+
+    def _adopted(self, opened: jobdb.Opened | JobFinished) -> jobdb.Opened | JobFinished:
+        if isinstance(opened, jobdb.Opened) and opened.adoption is not None:
+            stock_jobdir.report(opened.adoption, opened.job.name, opened.job.dedup_scheme, self.ctx)
+        return opened
 
     def _open_failed(self, failure: Failure) -> Failure | None:
         self.ctx.db.shutdown()

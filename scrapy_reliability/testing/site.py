@@ -74,6 +74,12 @@ Contracts
   the scheme in upper case: :func:`variant_links`), and to no other host. A client
   reaches them through the site as its HTTP proxy (absolute-form request targets);
   the query is ignored, so every variant is the same page and logs the same path.
+* Index pages (``--index-pages``, off by default), as on a documentation site:
+  ``/index.html`` is served as ``/`` (the same bytes), ``/p/<i>/`` and
+  ``/p/<i>/index.html`` as ``/p/<i>``; the index links to ``/``, ``/index.html`` and
+  ``/p/0/``, and every page to ``/`` and to each child as ``/p/c/`` and
+  ``/p/c/index.html`` (:func:`page_links`), to no other host. The log names the path
+  requested, with the page it was served as.
 """
 
 from __future__ import annotations
@@ -174,6 +180,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--variant-links", default=None, metavar="NAME", help="link by URL variants on NAME"
     )
     p.add_argument("--validators", action="store_true", help="ETag, Last-Modified and 304 answers")
+    p.add_argument("--index-pages", action="store_true", help="/index.html and /p/<i>/ pages")
     return p
 
 

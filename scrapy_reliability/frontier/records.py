@@ -180,6 +180,9 @@ class Transition(NamedTuple):
     content_hash: str | None = None
     content_ns: str | None = None
     recrawl_interval: float | None = None
+    #: A RESCHEDULE's new priority (a retry's RETRY_PRIORITY_ADJUST, a redirect's
+    #: REDIRECT_PRIORITY_ADJUST): the claim orders by it. None: unchanged.
+    priority: int | None = None
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,8 @@ class WritePath:
             if tr.outcome is Outcome.RESCHEDULE:
                 assert tr.payload is not None and tr.url is not None
                 values.update(payload=tr.payload, url=tr.url, not_before=tr.not_before)
+                if tr.priority is not None:
+                    values["priority"] = tr.priority
             elif tr.outcome is Outcome.RELEASE:
                 values["not_before"] = tr.not_before
             if tr.status is not None:

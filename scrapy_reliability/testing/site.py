@@ -23,6 +23,10 @@ Contracts
   ``http://NEXTHOST:PORT/p/<i>`` (next host in the list, cyclically) and to
   ``--extra-links`` pseudo-random same-host pages chosen by a stable hash of the seed.
   Every page of every host is therefore reachable from the index pages.
+  ``/status/<code>`` (three digits, 100 to 599 but 304; anything may follow after a
+  ``/``, e.g. ``/status/503/a``, to make distinct URLs) answers that status every time
+  (no fault counter, no Retry-After), with a short HTML body, and no body at all for
+  ``/status/200``; ``/r/<path>`` redirects (301) to ``<path>``.
 * A "page request" is any request except ``/robots.txt`` and ``/_control/...``. Each page
   request is decided *at arrival* (no await between arrival and decision), logged at once
   and only then delayed by ``--latency-ms`` (and a ``slow`` fault's delay). The checks run

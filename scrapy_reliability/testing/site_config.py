@@ -219,6 +219,19 @@ def page_fault(config: SiteConfig, host: str, i: int) -> str | None:
     return config.faults[_stable_hash(config.seed, "kind", host, i) % len(config.faults)]
 
 
+def status_answer(path: str) -> tuple[int, bytes] | None:
+    """The status and body of ``/status/<code>[/<anything>]`` (a three-digit code from
+    100 to 599, not 304): that status every time, no body for 200; None for any
+    other path."""
+    parts = path.split("/", 3)
+    if len(parts) < 3 or parts[1] != "status" or not parts[2].isdigit() or len(parts[2]) != 3:
+        return None
+    code = int(parts[2])
+    if not 100 <= code <= 599 or code == 304:
+        return None
+    return code, b"" if code == 200 else f"status {code}\n".encode()
+
+
 def page_links(config: SiteConfig, host: str, i: int) -> list[str]:
     """The hrefs of page ``i`` of ``host``, in document order (requires ``0 <= i < pages``).
 

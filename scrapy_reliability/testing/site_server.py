@@ -30,6 +30,7 @@ from scrapy_reliability.testing.site_config import (
     page_fault,
     page_index,
     served_path,
+    status_answer,
     versioned,
 )
 from scrapy_reliability.testing.site_limiter import HostLimiter
@@ -288,6 +289,8 @@ class _Site:
         if path.startswith("/r/"):
             # A permanent redirect to the path after /r, e.g. /r/p/5 -> /p/5.
             return _Plan(301, b"moved\n", headers=(("Location", path[2:]),)), None, False
+        if (answer := status_answer(path)) is not None:  # /status/<code>[/...]
+            return _Plan(*answer, _HTML), None, False
         if page is None:
             return _Plan(404, b"not found\n"), None, False
         return self._page(host, path, page, arrival, request)
@@ -446,11 +449,8 @@ class _Site:
                 return _Plan(400, b"need ?every=K with K >= 1\n")
             if path == "/_control/change":
                 return _Plan(200, json.dumps({"changed": self.change(every)}).encode(), _JSON)
-            gone = [
-                (h, i)
-                for h in self.config.hosts
-                for i in range(every - 1, self.config.pages, every)
-            ]
+            pages = range(every - 1, self.config.pages, every)
+            gone = [(h, i) for h in self.config.hosts for i in pages]
             self.gone.update(gone)
             return _Plan(200, json.dumps({"gone": len(gone)}).encode(), _JSON)
         if path == "/_control/host-rate":

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import scrapy
@@ -33,6 +34,7 @@ class PagesSpider(scrapy.Spider):
         bad_meta_page: str = "",
         via_redirect: str = "",
         poison: str = "",
+        start_delay: str = "",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -43,6 +45,15 @@ class PagesSpider(scrapy.Spider):
         self.bad_meta_page = int(bad_meta_page) if bad_meta_page else None
         # Index pages also yield requests no backend can store as they are.
         self.poison = bool(poison)
+        # Seconds between two start requests: start() yields them lazily, as a spider
+        # reading its start URLs from a slow source does.
+        self.start_delay = float(start_delay) if start_delay else 0.0
+
+    async def start(self) -> AsyncIterator[Any]:
+        for n, url in enumerate(self.start_urls):
+            if n and self.start_delay:
+                await asyncio.sleep(self.start_delay)
+            yield scrapy.Request(url, dont_filter=True)
 
     def parse(self, response: scrapy.http.Response) -> Iterator[Any]:
         yield from self.parse_page(response)

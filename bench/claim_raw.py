@@ -4,8 +4,12 @@ Issue 15's acceptance point: claim + ack through the frontier must reach at leas
 the throughput of the DBAPI driver (sqlite3, psycopg 3) sending the same statements in
 the same transactions, in the same run, on both backends.
 
-    python bench/claim_raw.py [--rows 50000] [--repeat 5] [--batch 16]
+    python bench/claim_raw.py [--rows 50000] [--repeat 5] [--batch 16] [--order lifo|fifo]
         [--backends sqlite,postgres] [--pg-admin-url URL] [--profile [--profile-rows N]]
+
+``--order``: the rows' claim order as the scheduler writes it, newest first (``lifo``,
+Scrapy's default queues, the default here) or oldest first (``fifo``); the claim is the
+same statement and the same index scan either way.
 
 Each round fills two identical frontiers through the frontier API (``Frontier.connect``,
 ``open_job``, ``write(WriteBatch(inserts=[NewRequest...]))``): N pending rows over a few
@@ -35,14 +39,16 @@ prints them), per batch of 16:
 
 SQLite (5 + 4 driver calls):
   claim: ``BEGIN IMMEDIATE``; the candidates, ``SELECT json_group_array(json_array(id,
-  domain, priority)) FROM (SELECT id, domain, priority FROM reliability_requests WHERE
-  job_id = ? AND state = 'pending' AND not_before <= ? AND domain NOT IN (SELECT domain
-  FROM reliability_domains WHERE job_id = ? AND paused_until > ?) ORDER BY priority
-  DESC, id ASC LIMIT ?)``; the lease, ``UPDATE reliability_requests SET state =
-  'leased', lease_token = ?, worker_id = ?, lease_expires_at = ?, updated_at = ? WHERE
-  id IN (?, x16)``; the leased rows, ``SELECT json_group_array(json_array(id,
-  fingerprint, payload, attempts, priority, first_failed_at, content_hash, content_ns,
-  recrawl_interval, recrawl)) FROM reliability_requests WHERE id IN (?, x16)``; COMMIT.
+  domain, priority, claim_order)) FROM (SELECT id, domain, priority, claim_order FROM
+  reliability_requests WHERE job_id = ? AND state = 'pending' AND not_before <= ? AND
+  domain NOT IN (SELECT domain FROM reliability_domains WHERE job_id = ? AND
+  paused_until > ?) ORDER BY priority DESC, claim_order, id LIMIT ?)`` (before
+  revision 0011, ``ORDER BY priority DESC, id ASC``); the lease, ``UPDATE
+  reliability_requests SET state = 'leased', lease_token = ?, worker_id = ?,
+  lease_expires_at = ?, updated_at = ? WHERE id IN (?, x16)``; the leased rows,
+  ``SELECT json_group_array(json_array(id, fingerprint, payload, attempts, priority,
+  first_failed_at, content_hash, content_ns, recrawl_interval, recrawl)) FROM
+  reliability_requests WHERE id IN (?, x16)``; COMMIT.
   ack (3 driver calls): ``BEGIN IMMEDIATE``; the settle, ``UPDATE reliability_requests
   SET state = ?, lease_token = NULL, worker_id = NULL, lease_expires_at = NULL,
   updated_at = ? WHERE id IN (?, x16) AND lease_token = ? AND state = 'leased'
@@ -143,8 +149,10 @@ class _Spider(scrapy.Spider):
         pass
 
 
-def make_rows(n: int, domains: int) -> list[NewRequest]:
-    """N requests over ``domains`` hosts, payloads as the scheduler stores them."""
+def make_rows(n: int, domains: int, order: str = "lifo") -> list[NewRequest]:
+    """N requests over ``domains`` hosts, payloads as the scheduler stores them, each
+    one's claim order as the scheduler gives it: newest first (``lifo``, Scrapy's
+    default queues) or oldest first (``fifo``)."""
     spider = _Spider()
     sections = ("widgets", "gadgets", "tools", "garden", "kitchen", "books")
     rows = []
@@ -166,6 +174,7 @@ def make_rows(n: int, domains: int) -> list[NewRequest]:
                 host,
                 url,
                 request_to_payload(request, spider),
+                claim_order=-(i + 1) if order == "lifo" else i + 1,
             )
         )
     return rows
@@ -209,9 +218,9 @@ def role_of(sql: str) -> str:
         return BEGIN
     if sql.startswith("WITH done AS (UPDATE reliability_requests AS r SET state = "):
         return SETTLE_ALONE
-    if sql.startswith("WITH due AS (SELECT id, domain, priority FROM reliability_requests"):
+    if sql.startswith("WITH due AS (SELECT id, domain, priority, claim_order FROM "):
         return LEASE_DUE
-    if "SELECT id, domain, priority FROM reliability_requests" in sql:
+    if "SELECT id, domain, priority, claim_order FROM reliability_requests" in sql:
         return CANDIDATES
     if sql.startswith("UPDATE reliability_requests SET state = 'leased'"):
         return LEASE
@@ -665,6 +674,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--domains", type=int, default=5)
+    parser.add_argument(
+        "--order",
+        choices=("lifo", "fifo"),
+        default="lifo",
+        help="the rows' claim order: newest first (Scrapy's default queues) or oldest first",
+    )
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--pg-admin-url", default=PG_ADMIN_URL)
     parser.add_argument("--show-statements", action="store_true")
@@ -675,11 +690,11 @@ def main() -> int:
     sigterm_raises()  # SIGTERM unwinds: scratch databases and files are removed
     backends = [b for b in args.backends.split(",") if b]
     print(f"{machine_line()}; git {git_head()}, package {package_fingerprint()}")
-    rows = make_rows(args.rows, args.domains)
+    rows = make_rows(args.rows, args.domains, args.order)
     payload = sum(len(r.payload) for r in rows) / len(rows)
     print(
         f"{args.rows} rows over {args.domains} domains, payload {payload:.0f} bytes on "
-        f"average; batch {args.batch}"
+        f"average; batch {args.batch}; claimed {args.order}"
     )
     tail = rows[: args.batch + (args.rows % args.batch)]
     ok = True

@@ -70,6 +70,13 @@ def warn_of_unknown_settings(crawler: Crawler | None, settings: BaseSettings) ->
         logger.warning("%(line)s", {"line": line}, extra={"crawler": crawler})
 
 
+def warn_of_order(crawler: Crawler | None, config: Config) -> None:
+    """One WARNING when the project's queue settings name a queue class whose order
+    (LIFO or FIFO) cannot be told (:class:`~scrapy_reliability.config.CrawlOrder`)."""
+    if config.order.warning:
+        logger.warning("%(line)s", {"line": config.order.warning}, extra={"crawler": crawler})
+
+
 def check_settings(settings: BaseSettings) -> Config:
     """Every setting parsed and checked now, and the optional packages they need
     imported (:class:`SettingError` names the bad setting, or the extra to install)."""

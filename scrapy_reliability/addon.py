@@ -78,6 +78,7 @@ class Addon:
             # Before any value is checked: a misspelled name may be why a value fails.
             _startup.warn_of_unknown_settings(self.crawler, settings)
             config = _startup.check_settings(settings)
+            _startup.warn_of_order(self.crawler, config)
             if config.recrawl.on:
                 from scrapy_reliability.recrawl import RecrawlMiddleware
 

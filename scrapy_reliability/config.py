@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from queuelib import queue as queuelib_queue
 from scrapy.settings import BaseSettings
+from scrapy.utils.misc import load_object
 
 from scrapy_reliability.canonical import CanonicalPolicy, policy_from_settings
 from scrapy_reliability.domain_limits import LimitsOrigin, _politeness, limits_text
@@ -48,6 +50,7 @@ MAX_KEEP_RUNS = 1000
 __all__ = [
     "ORDERS",
     "Config",
+    "CrawlOrder",
     "Monitoring",
     "RetryPass",
     "SettingError",
@@ -55,7 +58,94 @@ __all__ = [
     "limits_text",
 ]
 
+#: RELIABILITY_ORDER's values: oldest first within a priority (Scrapy's FIFO queues)
+#: or newest first (its LIFO queues, the default).
 ORDERS = ("bfs", "dfs")
+# queuelib's queues, which Scrapy's (scrapy.squeues) extend; a LIFO one may extend a
+# FIFO one (LifoMemoryQueue does), so LIFO is asked first.
+_LIFO = (
+    queuelib_queue.LifoMemoryQueue,
+    queuelib_queue.LifoDiskQueue,
+    queuelib_queue.LifoSQLiteQueue,
+)
+_FIFO = (
+    queuelib_queue.FifoMemoryQueue,
+    queuelib_queue.FifoDiskQueue,
+    queuelib_queue.FifoSQLiteQueue,
+)
+
+
+@dataclass(frozen=True)
+class CrawlOrder:
+    """The order of pending requests within a priority, as Scrapy's own scheduler
+    gives it. Its queues are SCHEDULER_MEMORY_QUEUE, or SCHEDULER_DISK_QUEUE when
+    JOBDIR is set (LIFO by default: newest first); start requests wait after the
+    other requests of their priority in queues of their own,
+    SCHEDULER_START_MEMORY_QUEUE or SCHEDULER_START_DISK_QUEUE (FIFO by default;
+    None: they share the others' queue). RELIABILITY_ORDER, when set, decides for
+    the requests other than start requests."""
+
+    #: Requests other than start requests: newest first (LIFO) or oldest first.
+    newest_first: bool = True
+    #: Start requests, after the others of their priority: newest first (True) or
+    #: oldest first (False); None: among the others, in their order.
+    start_newest_first: bool | None = False
+    #: A queue whose order cannot be told: the line to warn with at start.
+    warning: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> CrawlOrder:
+        disk = bool(settings.get("JOBDIR"))
+        queue = "SCHEDULER_DISK_QUEUE" if disk else "SCHEDULER_MEMORY_QUEUE"
+        start = "SCHEDULER_START_DISK_QUEUE" if disk else "SCHEDULER_START_MEMORY_QUEUE"
+        warnings = []
+        order = settings.get("RELIABILITY_ORDER")
+        if order is not None:
+            if not isinstance(order, str) or order.strip().lower() not in ORDERS:
+                raise _error("RELIABILITY_ORDER", f"one of {', '.join(ORDERS)}", order)
+            newest_first = order.strip().lower() == "dfs"
+        else:
+            lifo = _lifo(settings, queue)
+            newest_first = lifo is not False
+            if lifo is None:
+                warnings.append(f"{_named(settings, queue)}, so requests go newest first")
+        start_newest_first: bool | None = None
+        if settings.get(start):
+            start_newest_first = _lifo(settings, start)
+            if start_newest_first is None:
+                warnings.append(f"{_named(settings, start)}, so start requests go oldest first")
+                start_newest_first = False
+        warning = None
+        if warnings:
+            warning = (
+                f"The crawl order cannot be told from {'; from '.join(warnings)} within "
+                "their priority, as with Scrapy's default queues. RELIABILITY_ORDER = "
+                "'dfs' (newest first) or 'bfs' (oldest first) chooses for requests other "
+                "than start requests."
+            )
+        return cls(newest_first, start_newest_first, warning)
+
+
+def _lifo(settings: BaseSettings, name: str) -> bool | None:
+    """Whether the queue class the setting ``name`` holds is LIFO (True) or FIFO
+    (False); None when it is neither of queuelib's (nor of Scrapy's, which extend
+    them). A class that cannot be imported fails, as Scrapy's scheduler would."""
+    raw = settings.get(name)
+    try:
+        queue = load_object(raw)
+    except (ImportError, NameError, ValueError, TypeError, AttributeError):
+        raise _error(name, "a queue class or its import path", raw) from None
+    if not isinstance(queue, type):
+        return None
+    if issubclass(queue, _LIFO):
+        return True
+    return False if issubclass(queue, _FIFO) else None
+
+
+def _named(settings: BaseSettings, name: str) -> str:
+    raw = settings.get(name)
+    shown = raw if isinstance(raw, str) else getattr(raw, "__qualname__", repr(raw))
+    return f"{name} = {shown!r} (neither a LIFO nor a FIFO queue of queuelib or scrapy.squeues)"
 
 
 @dataclass(frozen=True)
@@ -189,7 +279,8 @@ class Config:
     #: waits up to this long for more, or for the next claim to carry it: one
     #: transaction for many pages at a polite pace. 0: write at once.
     write_linger: float = 0.5
-    order: str = "bfs"
+    #: The order of pending requests within a priority (Scrapy's queue settings).
+    order: CrawlOrder = field(default_factory=CrawlOrder)
     auto_migrate: bool = False
     sqlite_busy_timeout: float = 30.0
     #: A database failure (server gone, disk full) lasting this long stops the crawl.
@@ -250,10 +341,6 @@ class Config:
                 f"RELIABILITY_LEASE_SECONDS ({lease}), or leases expire between heartbeats; "
                 "a third of the lease time is a good value."
             )
-        order = settings.get("RELIABILITY_ORDER")
-        order = cls.order if order is None else order
-        if not isinstance(order, str) or order.strip().lower() not in ORDERS:
-            raise _error("RELIABILITY_ORDER", f"one of {', '.join(ORDERS)}", order)
         url = settings.get("RELIABILITY_DATABASE_URL")
         if url is not None and (not isinstance(url, str) or not url.strip()):
             raise _error(
@@ -274,7 +361,7 @@ class Config:
             write_linger=nonnegative_float(
                 settings, "RELIABILITY_WRITE_LINGER", cls.write_linger, maximum=MAX_LINGER
             ),
-            order=order.strip().lower(),
+            order=CrawlOrder.from_settings(settings),
             auto_migrate=_bool(settings, "RELIABILITY_AUTO_MIGRATE", cls.auto_migrate),
             sqlite_busy_timeout=_positive_float(
                 settings,

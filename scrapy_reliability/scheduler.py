@@ -41,6 +41,7 @@ from scrapy_reliability.scheduling.claims import ClaimBuffer
 from scrapy_reliability.scheduling.context import Clock, Context
 from scrapy_reliability.scheduling.leases import LeaseBook, Stage
 from scrapy_reliability.scheduling.meta import TASK_META
+from scrapy_reliability.scheduling.order import ClaimOrder
 from scrapy_reliability.scheduling.outcomes import Outcomes
 from scrapy_reliability.scheduling.politeness import LocalPoliteness
 from scrapy_reliability.scheduling.session import Session
@@ -103,7 +104,11 @@ class Scheduler(BaseScheduler):
             dupefilter,
             lambda: self._claims.wake_engine(),  # noqa: PLW0108 (built below)
         )
-        self._outcomes = Outcomes(ctx, self._leases, self._writes, self._politeness, self.policy)
+        # Where each request waits among the pending ones of its priority.
+        self._order = ClaimOrder(config.order, ctx.clock)
+        self._outcomes = Outcomes(
+            ctx, self._leases, self._writes, self._politeness, self.policy, order=self._order
+        )
         self._claims = ClaimBuffer(
             ctx,
             self._leases,
@@ -240,6 +245,7 @@ class Scheduler(BaseScheduler):
             domain=domain,
             url=request.url,
             payload=payload,
+            claim_order=self._order.of(request),
         )
         self._writes.insert(row, request)
         return True
@@ -280,8 +286,7 @@ class Scheduler(BaseScheduler):
         lease = self._leases.of(request)
         if lease is not None:
             self._leases.move(lease, Stage.FETCHING)
-        if len(claims.ready) <= self.claim_batch // 2:
-            claims.claim()
+        claims.handed_out()
         self._ctx.tally.add("reliability/dequeued")
         return request
 

@@ -36,9 +36,11 @@ class Crawl:
         self.runs = 0
         #: The scrapy command and its options, e.g. ["retrypass", "--error-class", "transient"].
         self.verb: list[str] = ["crawl"]
+        #: The test project's spider it runs.
+        self.spider = "pages"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "scrapy.cmdline", *self.verb, "pages"]
+        cmd = [sys.executable, "-m", "scrapy.cmdline", *self.verb, self.spider]
         cmd += ["-a", "start=" + ",".join(self.start_urls)]
         for key, value in self.spider_args.items():
             cmd += ["-a", f"{key}={value}"]

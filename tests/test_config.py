@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from queuelib import queue as queuelib_queue
 from scrapy.settings import Settings
 
-from scrapy_reliability.config import ORDERS, Config, SettingError
+from scrapy_reliability.config import Config, CrawlOrder, SettingError
 from scrapy_reliability.domain_limits import limits_text
 from scrapy_reliability.settings_values import MAX_CLAIM_BATCH, MAX_SECONDS
 
@@ -21,7 +22,8 @@ def test_defaults():
     assert config.database_url is None
     assert config.lease_seconds == 30.0
     assert config.heartbeat_seconds == pytest.approx(10.0)
-    assert config.order == "bfs"
+    # Scrapy's default queues: newest first, start requests oldest first after the others.
+    assert config.order == CrawlOrder(newest_first=True, start_newest_first=False)
     assert config.auto_migrate is False
     # Dead letters stay in the frontier unless the project asks for them as items.
     assert config.dead_letter_items is False
@@ -34,7 +36,7 @@ def test_values_are_parsed():
             {
                 "RELIABILITY_DATABASE_URL": " postgresql+psycopg://u@h/db ",
                 "RELIABILITY_LEASE_SECONDS": "12",
-                "RELIABILITY_ORDER": "DFS",
+                "RELIABILITY_ORDER": "BFS",
                 "RELIABILITY_CLAIM_BATCH": "8",
                 "RELIABILITY_AUTO_MIGRATE": "true",
                 "RELIABILITY_JOB": "nightly",
@@ -44,7 +46,7 @@ def test_values_are_parsed():
     assert config.database_url == "postgresql+psycopg://u@h/db"
     assert config.lease_seconds == 12.0
     assert config.heartbeat_seconds == pytest.approx(4.0)
-    assert config.order == "dfs"
+    assert config.order.newest_first is False
     assert config.claim_batch == 8
     assert config.auto_migrate is True
     assert config.job == "nightly"
@@ -87,6 +89,85 @@ def test_addon_rejects_bad_settings_at_startup():
     settings = Settings({"RELIABILITY_ORDER": "sideways"})
     with pytest.raises(SettingError, match="RELIABILITY_ORDER"):
         Addon(crawler=None).update_settings(settings)  # type: ignore[arg-type]
+
+
+# -- the crawl order: Scrapy's queue settings -------------------------------------------------
+
+_FIFO_RECIPE = {  # Scrapy's FAQ, "Does Scrapy crawl in breadth-first or depth-first order?"
+    "DEPTH_PRIORITY": 1,
+    "SCHEDULER_DISK_QUEUE": "scrapy.squeues.PickleFifoDiskQueue",
+    "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
+}
+
+
+@pytest.mark.parametrize(
+    ("settings", "newest_first", "start_newest_first"),
+    [
+        # Scrapy's defaults: LIFO queues, start requests in FIFO queues of their own.
+        ({}, True, False),
+        ({"JOBDIR": "crawls/run1"}, True, False),
+        (_FIFO_RECIPE, False, False),
+        ({**_FIFO_RECIPE, "JOBDIR": "crawls/run1"}, False, False),
+        # With a JOBDIR Scrapy's scheduler uses its disk queues, else its memory queues.
+        ({"SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue"}, False, False),
+        (
+            {"SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue", "JOBDIR": "j"},
+            True,
+            False,
+        ),
+        (
+            {"SCHEDULER_DISK_QUEUE": "scrapy.squeues.MarshalFifoDiskQueue", "JOBDIR": "j"},
+            False,
+            False,
+        ),
+        # Classes as well as their paths; queuelib's own queues too.
+        ({"SCHEDULER_MEMORY_QUEUE": queuelib_queue.FifoMemoryQueue}, False, False),
+        ({"SCHEDULER_START_MEMORY_QUEUE": "scrapy.squeues.LifoMemoryQueue"}, True, True),
+        (
+            {"SCHEDULER_START_DISK_QUEUE": "scrapy.squeues.PickleLifoDiskQueue", "JOBDIR": "j"},
+            True,
+            True,
+        ),
+        # None: start requests share the other requests' queue (and its order).
+        ({"SCHEDULER_START_MEMORY_QUEUE": None}, True, None),
+        ({"SCHEDULER_START_MEMORY_QUEUE": ""}, True, None),
+        # RELIABILITY_ORDER decides for the other requests, whatever the queues say.
+        ({"RELIABILITY_ORDER": "bfs"}, False, False),
+        ({**_FIFO_RECIPE, "RELIABILITY_ORDER": "dfs"}, True, False),
+    ],
+)
+def test_the_crawl_order_is_scrapys_queue_order(settings, newest_first, start_newest_first):
+    order = Config.from_settings(Settings(settings)).order
+    assert order.newest_first is newest_first
+    assert order.start_newest_first is start_newest_first
+    assert order.warning is None
+
+
+def test_a_queue_whose_order_cannot_be_told_is_named_and_lifo_is_kept():
+    order = Config.from_settings(Settings({"SCHEDULER_MEMORY_QUEUE": "collections.deque"})).order
+    assert order.newest_first is True
+    assert order.warning is not None
+    assert "SCHEDULER_MEMORY_QUEUE = 'collections.deque'" in order.warning
+    assert "RELIABILITY_ORDER" in order.warning
+    # The explicit setting decides: nothing to warn about.
+    settings = Settings({"SCHEDULER_MEMORY_QUEUE": "collections.deque", "RELIABILITY_ORDER": "bfs"})
+    assert Config.from_settings(settings).order.warning is None
+
+
+def test_the_add_on_warns_at_start_of_a_queue_whose_order_cannot_be_told(caplog):
+    from scrapy_reliability import Addon
+
+    settings = Settings({"SCHEDULER_MEMORY_QUEUE": "collections.deque"})
+    with caplog.at_level("WARNING"):
+        Addon(crawler=None).update_settings(settings)  # type: ignore[arg-type]
+    (line,) = [r.getMessage() for r in caplog.records if "crawl order" in r.getMessage()]
+    assert line.startswith("The crawl order cannot be told from SCHEDULER_MEMORY_QUEUE")
+
+
+def test_a_queue_class_that_cannot_be_imported_names_the_setting():
+    settings = Settings({"JOBDIR": "j", "SCHEDULER_DISK_QUEUE": "nowhere.Queue"})
+    with pytest.raises(SettingError, match="SCHEDULER_DISK_QUEUE must be a queue class"):
+        Config.from_settings(settings)
 
 
 # -- dead letters as items are a choice -------------------------------------------------------
@@ -356,7 +437,8 @@ def _assert_in_range(config: Config) -> None:
     assert config.job is None or (isinstance(config.job, str) and config.job)
     assert 0 < config.heartbeat_seconds < config.lease_seconds <= MAX_SECONDS
     assert 1 <= config.claim_batch <= MAX_CLAIM_BATCH
-    assert config.order in ORDERS
+    assert isinstance(config.order.newest_first, bool)
+    assert config.order.start_newest_first in (None, True, False)
     assert 0 < config.sqlite_busy_timeout <= MAX_SECONDS
     assert config.dedup_cache_size >= 1
     assert config.max_in_flight is None or config.max_in_flight >= 1

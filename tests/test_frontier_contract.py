@@ -33,6 +33,7 @@ from scrapy_reliability.frontier import (
     WriteResult,
 )
 from scrapy_reliability.frontier.hotsql import INSERT_CHUNK
+from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 from scrapy_reliability.frontier.schema import requests, workers
 from tests.frontier_helpers import add, has_unfinished, job_state, lease_of, settle
 
@@ -41,7 +42,7 @@ LEASE = 60.0
 SCHEME = "scrapy.utils.request.RequestFingerprinter/2.7"
 
 
-def req(fp: str, *, priority: int = 0, not_before: float = 0.0) -> NewRequest:
+def req(fp: str, *, priority: int = 0, not_before: float = 0.0, claim_order: int = 0) -> NewRequest:
     url = f"https://example.com/{fp}"
     return NewRequest(
         fingerprint=fp,
@@ -50,6 +51,7 @@ def req(fp: str, *, priority: int = 0, not_before: float = 0.0) -> NewRequest:
         url=url,
         payload=json.dumps({"url": url, "callback": "parse"}),
         not_before=not_before,
+        claim_order=claim_order,
     )
 
 
@@ -61,10 +63,10 @@ def claim(
     *,
     now: float = NOW,
     lease: float = LEASE,
-    newest_first: bool = False,
+    politeness: Politeness | None = None,
 ) -> ClaimResult:
     return frontier.claim(
-        job_id, worker, limit, lease_seconds=lease, newest_first=newest_first, now=now
+        job_id, worker, limit, lease_seconds=lease, politeness=politeness, now=now
     )
 
 
@@ -149,12 +151,31 @@ def test_claim_priority_then_fifo_across_limited_claims(frontier: Frontier, job_
     assert claim(frontier, job_id, limit=2).rows == []
 
 
-def test_claim_newest_first_within_priority(frontier: Frontier, job_id: int) -> None:
-    for fp, prio in ORDERED:
-        add(frontier, job_id, [req(fp, priority=prio)])
-    assert fps(claim(frontier, job_id, limit=2, newest_first=True)) == ["p5b", "p5a"]
-    assert fps(claim(frontier, job_id, limit=2, newest_first=True)) == ["p1", "p0b"]
-    assert fps(claim(frontier, job_id, limit=2, newest_first=True)) == ["p0a"]
+#: A domain limit that holds nothing back, so the claim takes the candidates' path
+#: (and on PostgreSQL not the one-statement lease).
+LIMITED = Politeness(DomainLimits(rate=1000.0, burst=1000, concurrency=1000))
+
+
+@pytest.mark.parametrize("politeness", [None, LIMITED], ids=["unlimited", "limited"])
+def test_claim_order_decides_within_a_priority(
+    frontier: Frontier, job_id: int, politeness: Politeness | None
+) -> None:
+    """The writer orders rows within a priority by claim_order (newest first here, as
+    Scrapy's LIFO queues): each row's order is below the last one's."""
+    for n, (fp, prio) in enumerate(ORDERED):
+        add(frontier, job_id, [req(fp, priority=prio, claim_order=-n)])
+    assert fps(claim(frontier, job_id, limit=2, politeness=politeness)) == ["p5b", "p5a"]
+    assert fps(claim(frontier, job_id, limit=2, politeness=politeness)) == ["p1", "p0b"]
+    assert fps(claim(frontier, job_id, limit=2, politeness=politeness)) == ["p0a"]
+
+
+def test_claim_orders_equal_claim_orders_by_id(frontier: Frontier, job_id: int) -> None:
+    """Rows of one priority and one claim order (written before claim_order existed:
+    0) come oldest first, after rows of a lower order and before rows of a higher one."""
+    add(frontier, job_id, [req("start", claim_order=2**61)])
+    add(frontier, job_id, [req("old1"), req("old2")])
+    add(frontier, job_id, [req("newest", claim_order=-2), req("oldest", claim_order=5)])
+    assert fps(claim(frontier, job_id, limit=10)) == ["newest", "old1", "old2", "oldest", "start"]
 
 
 def test_claim_respects_limit_and_leases(frontier: Frontier, job_id: int) -> None:
@@ -493,6 +514,26 @@ def test_release_is_not_a_failure(frontier: Frontier, job_id: int) -> None:
     assert lease_of(frontier, theirs.id) == ("leased", "w2", theirs.token, NOW + LEASE)
     again = {c.fingerprint: c.attempts for c in claim(frontier, job_id, "w3", now=NOW + 1).rows}
     assert again == {"a": 2, "b": 0}  # no attempt spent by the release
+
+
+def test_a_rescheduled_row_takes_its_new_priority_and_claim_order(
+    frontier: Frontier, job_id: int
+) -> None:
+    """A retry or redirect waits as a request just scheduled does (Scrapy pushes it
+    onto its queue again), with the priority the middleware gave it."""
+    add(frontier, job_id, [req("a", claim_order=-1), req("b", claim_order=-2)])
+    (b,) = claim(frontier, job_id, limit=1).rows
+    (a,) = claim(frontier, job_id, limit=1).rows
+    add(frontier, job_id, [req("c", claim_order=-3)])
+    redirect = Transition(
+        a.id, a.token, Outcome.RESCHEDULE, payload=a.payload, url="u", claim_order=-4
+    )
+    retry = Transition(
+        b.id, b.token, Outcome.RESCHEDULE, payload=b.payload, url="u", priority=-1, claim_order=-5
+    )
+    frontier.write(job_id, WriteBatch(transitions=[redirect, retry]), now=NOW)
+    assert fps(claim(frontier, job_id, limit=10)) == ["a", "c", "b"]
+    assert row(frontier, b.id).priority == -1
 
 
 def _workers(frontier: Frontier) -> dict[str, float | None]:

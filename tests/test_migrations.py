@@ -79,7 +79,7 @@ def _version(url: str) -> str | None:
 
 
 def test_fresh_database_is_created_at_head(frontier_url: str) -> None:
-    assert HEAD == "0010"
+    assert HEAD == "0011"
     store = Frontier.connect(frontier_url)
     try:
         assert migrate.current_revision(store.engine) == HEAD
@@ -106,7 +106,7 @@ def _is_sqlite_desc_index_artifact(diff: object) -> bool:
     names = [
         re.sub(r"\s+desc$", "", str(getattr(e, "name", e)), flags=re.I) for e in index.expressions
     ]
-    return names == ["job_id", "priority", "id"]
+    return names == ["job_id", "priority", "claim_order", "id"]
 
 
 def test_alembic_chain_produces_the_metadata(frontier_url: str) -> None:
@@ -156,7 +156,7 @@ def test_index_details_match_metadata(frontier_url: str) -> None:
                 ).all()
                 conn.rollback()
             desc = {r[2]: bool(r[3]) for r in info if r[2] is not None}
-            assert desc == {"job_id": False, "priority": True, "id": False}
+            assert desc == {"job_id": False, "priority": True, "claim_order": False, "id": False}
         else:
             sorting = reflected["ix_reliability_requests_claim"].get("column_sorting", {})
             assert sorting == {"priority": ("desc",)}

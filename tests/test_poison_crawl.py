@@ -165,6 +165,11 @@ def test_payloads_corrupted_between_a_kill_and_the_restart_cost_their_rows_only(
             f"JOBDIR={jobdir}",
             f"ITEMS_PATH={items}",
             "CONCURRENT_REQUESTS=4",
+            # Oldest first: the pending rows corrupted are then the crawl's next ones,
+            # and the pages below them are reached by other links. Newest first (Scrapy's
+            # default), the oldest pending rows are the shallowest, and the pages only
+            # they link to would be lost with them.
+            "RELIABILITY_ORDER=bfs",
         )
         assert signal_when(crawl.start(), site.log_path, 150) == -signal.SIGKILL
         corrupted = _corrupt_pending_rows(jobdir / "reliability.sqlite", 16)

@@ -42,7 +42,6 @@ def explain_urls(ctx: Context, args: list[str]) -> None:
             keys=keys,
             urls=[url, canonical_or_same(url, config.canonical)],
             politeness=limits,
-            newest_first=config.order == "dfs",
             live_within=config.lease_seconds,
             now=ctx.now,
         )

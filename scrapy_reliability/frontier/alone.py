@@ -89,7 +89,6 @@ class AloneWrites:
             claim_now = now if pinned else max(now, time.time())
             lease = DueLease(
                 claim.limit,
-                claim.newest_first,
                 new_token(),
                 claim.worker_id,
                 claim_now + claim.lease_seconds,
@@ -145,7 +144,7 @@ class AloneWrites:
         if not self._short(w, alone):
             return None
         assert w.claim is not None and w.lease is not None
-        rows = in_claim_order(alone[2], w.claim.newest_first)
+        rows = in_claim_order(alone[2])
         with self._transaction() as conn:
             return self._claims.claim_rest(
                 conn, w.job_id, w.claim, rows, w.lease.now, new_rows=bool(alone[0])
@@ -156,7 +155,7 @@ class AloneWrites:
         inserted, settled, rows = alone
         claimed = rest
         if w.claim is not None and claimed is None:
-            claimed = ClaimResult(in_claim_order(rows, w.claim.newest_first))
+            claimed = ClaimResult(in_claim_order(rows))
         return WriteResult(
             frozenset(inserted),
             [task_id for task_id, _, _ in w.settles if task_id in settled],

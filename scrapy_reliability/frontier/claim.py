@@ -97,9 +97,9 @@ def _due_and_leased() -> Any:
 DUE_AND_LEASED = _due_and_leased()
 
 
-def in_claim_order(rows: list[Claimed], newest_first: bool) -> list[Claimed]:
-    """``rows`` highest priority first, then oldest (newest, depth-first) first."""
-    return sorted(rows, key=lambda c: (-c.priority, -c.id if newest_first else c.id))
+def in_claim_order(rows: list[Claimed]) -> list[Claimed]:
+    """``rows`` highest priority first, then lowest claim order (ties: lowest id)."""
+    return sorted(rows, key=lambda c: (-c.priority, c.claim_order, c.id))
 
 
 def new_token() -> str:
@@ -117,8 +117,9 @@ class Claimer:
 
     def claim(self, conn: Connection, job_id: int, spec: ClaimSpec, now: float) -> ClaimResult:
         """Lease up to ``spec.limit`` due pending rows: highest priority first, then
-        oldest (or newest, depth-first) first, within each domain's limits."""
-        worker_id, limit, newest_first = spec.worker_id, spec.limit, spec.newest_first
+        lowest claim order (the order the writer gave them), within each domain's
+        limits."""
+        worker_id, limit = spec.worker_id, spec.limit
         lease_seconds = spec.lease_seconds
         policy = spec.politeness or Politeness()
         token = new_token()
@@ -132,7 +133,6 @@ class Claimer:
                 job_id,
                 now=now,
                 limit=limit,
-                newest_first=newest_first,
                 token=token,
                 worker_id=worker_id,
                 expires_at=now + lease_seconds,
@@ -146,7 +146,6 @@ class Claimer:
                 now=now,
                 excluded=sorted(excluded),
                 limit=want * 4,
-                newest_first=newest_first,
             )
             if not candidates:
                 break
@@ -212,7 +211,7 @@ class Claimer:
         worker_id, states = spec.worker_id, states or {}
         if not rows:
             return self._nothing_due(conn, job_id, worker_id, policy=policy, now=now, known=states)
-        rows = in_claim_order(rows, spec.newest_first)
+        rows = in_claim_order(rows)
         if len(rows) >= spec.limit:
             return ClaimResult(rows, starts=starts)
         after = self._nothing_due(conn, job_id, worker_id, policy=policy, now=now, known=states)
@@ -238,7 +237,7 @@ class Claimer:
             more = self._nothing_due(conn, job_id, spec.worker_id, policy=policy, now=now, known={})
         if not rows:
             return more
-        return replace(more, rows=in_claim_order(rows + more.rows, spec.newest_first))
+        return replace(more, rows=in_claim_order(rows + more.rows))
 
     def _nothing_due(
         self,

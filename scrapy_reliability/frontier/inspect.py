@@ -224,12 +224,12 @@ class Inspector:
                 ).all()
         return [_request_info(r) for r in rows]
 
-    def due_ahead_of(
-        self, job_id: int, request: RequestInfo, *, newest_first: bool, now: float
-    ) -> int:
+    def due_ahead_of(self, job_id: int, request: RequestInfo, *, now: float) -> int:
         """Pending rows due now that a claim would take before this one (all domains)."""
-        order_ahead: ColumnElement[bool] = (
-            requests.c.id > request.id if newest_first else requests.c.id < request.id
+        r = requests.c
+        order_ahead: ColumnElement[bool] = or_(
+            r.claim_order < request.claim_order,
+            and_(r.claim_order == request.claim_order, r.id < request.id),
         )
         with reading(self.engine) as conn:
             return int(
@@ -253,7 +253,6 @@ class Inspector:
         keys: Sequence[str],
         urls: Sequence[str],
         politeness: Politeness,
-        newest_first: bool = False,
         live_within: float = 30.0,
         now: float | None = None,
     ) -> list[Explanation]:
@@ -267,7 +266,6 @@ class Inspector:
                     job,
                     row,
                     politeness=politeness,
-                    newest_first=newest_first,
                     live_within=live_within,
                     now=now,
                 )
@@ -280,7 +278,6 @@ class Inspector:
         row: RequestInfo,
         *,
         politeness: Politeness,
-        newest_first: bool,
         live_within: float,
         now: float,
     ) -> Explanation:
@@ -302,7 +299,7 @@ class Inspector:
             return Explanation(
                 row, primary.reason, until=primary.until, blockers=blockers, domain=domain
             )
-        ahead = self.due_ahead_of(job.id, row, newest_first=newest_first, now=now)
+        ahead = self.due_ahead_of(job.id, row, now=now)
         live = self.live_workers(job.name, since=now - live_within)
         return Explanation(
             row, "due", until=None, domain=domain, ahead=ahead, live_workers=len(live)
@@ -447,6 +444,7 @@ def _request_info(row: Any) -> RequestInfo:
         first_failed_at=row.first_failed_at,
         created_at=float(row.created_at),
         updated_at=float(row.updated_at),
+        claim_order=int(row.claim_order),
     )
 
 

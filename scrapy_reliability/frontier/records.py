@@ -115,6 +115,9 @@ class NewRequest(NamedTuple):
     url: str
     payload: str
     not_before: float = 0.0
+    #: Where the row waits among the pending rows of its priority: lower first
+    #: (ties by id). The writer decides (the scheduler: Scrapy's queue order).
+    claim_order: int = 0
 
 
 class Claimed(NamedTuple):
@@ -132,6 +135,7 @@ class Claimed(NamedTuple):
     content_ns: str | None = None
     recrawl_interval: float | None = None
     recrawl: str | None = None
+    claim_order: int = 0
 
 
 @dataclass(frozen=True)
@@ -180,9 +184,10 @@ class Transition(NamedTuple):
     content_hash: str | None = None
     content_ns: str | None = None
     recrawl_interval: float | None = None
-    #: A RESCHEDULE's new priority (a retry's RETRY_PRIORITY_ADJUST, a redirect's
-    #: REDIRECT_PRIORITY_ADJUST): the claim orders by it. None: unchanged.
+    #: A RESCHEDULE: the request's priority now (a middleware may have changed it) and
+    #: its new claim order (sent back, it waits as a request just scheduled does).
     priority: int | None = None
+    claim_order: int | None = None
 
 
 @dataclass(frozen=True)
@@ -273,5 +278,4 @@ class ClaimSpec:
     worker_id: str
     limit: int
     lease_seconds: float
-    newest_first: bool = False
     politeness: Politeness | None = None

@@ -99,6 +99,7 @@ class RequestInfo:
     first_failed_at: float | None
     created_at: float
     updated_at: float
+    claim_order: int = 0
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,10 @@ requests = Table(
     Column("content_ns", String(64), nullable=True),
     Column("recrawl_interval", Float, nullable=True),
     Column("recrawl", String(8), nullable=True),
+    # Where the row waits among the pending rows of its priority: lower first. Set by
+    # the writer (scheduling/order.py: Scrapy's LIFO or FIFO queues, start requests
+    # after the others); 0 for rows written before revision 0011 (id order).
+    Column("claim_order", BigInteger, nullable=False, server_default=text("0")),
     UniqueConstraint("job_id", "fingerprint"),
     CheckConstraint("state IN ('pending', 'leased', 'done', 'ignored', 'dead')", name="state"),
     CheckConstraint(
@@ -133,11 +137,12 @@ requests = Table(
         name="lease_complete",
     ),
     CheckConstraint("attempts >= 0", name="attempts"),
-    # The claim: pending rows of a job by priority, then insertion order.
+    # The claim: pending rows of a job by priority, then claim order (ties by id).
     Index(
         "ix_reliability_requests_claim",
         "job_id",
         text("priority DESC"),
+        "claim_order",
         "id",
         postgresql_where=text("state = 'pending'"),
         sqlite_where=text("state = 'pending'"),

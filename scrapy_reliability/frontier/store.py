@@ -401,12 +401,11 @@ class Frontier:
         limit: int,
         *,
         lease_seconds: float,
-        newest_first: bool = False,
         politeness: Politeness | None = None,
         now: float | None = None,
     ) -> ClaimResult:
         """Lease up to ``limit`` due pending rows: highest priority first, then
-        oldest (or newest, depth-first) first, within each domain's limits.
+        lowest ``claim_order`` (the writer's order), within each domain's limits.
 
         Rows due later, and rows of paused or rate-limited domains, never block
         rows that may start now. On Postgres, rows locked by a concurrent claim
@@ -414,7 +413,7 @@ class Frontier:
         """
         pinned = now is not None
         now = _now(now)
-        spec = ClaimSpec(worker_id, limit, lease_seconds, newest_first, politeness)
+        spec = ClaimSpec(worker_id, limit, lease_seconds, politeness)
         if self._sql.writes_alone(0, 0, True) and not (politeness or Politeness()).limits_anything:
             w = self._alone.plan(job_id, [], [], spec, now, pinned=pinned)
             claimed = self._alone.write(w).claimed

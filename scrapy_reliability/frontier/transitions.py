@@ -197,6 +197,8 @@ class WritePath:
                 values.update(payload=tr.payload, url=tr.url, not_before=tr.not_before)
                 if tr.priority is not None:
                     values["priority"] = tr.priority
+                if tr.claim_order is not None:
+                    values["claim_order"] = tr.claim_order
             elif tr.outcome is Outcome.RELEASE:
                 values["not_before"] = tr.not_before
             if tr.status is not None:

@@ -96,9 +96,23 @@ class ClaimBuffer:
             self.ctx.worker_id,
             self.claim_batch,
             lease_seconds=config.lease_seconds,
-            newest_first=config.order == "dfs",
             politeness=config.politeness,
         )
+
+    def handed_out(self) -> None:
+        """A request left the buffer for the engine: claim more when at most half a
+        batch is left. An empty buffer waits for the next download to end
+        (:meth:`downloaded`) or the engine to ask: claimed now, it would miss what is
+        scheduled while the request downloads (the spider's next start requests)."""
+        if self.ready and len(self.ready) <= self.claim_batch // 2:
+            self.claim()
+
+    def downloaded(self) -> None:
+        """A download ended: when Scrapy's scheduler hands out its next request,
+        from what is scheduled by then (not yet what this response's callback
+        yields). Claim then when at most half a batch is buffered."""
+        if len(self.ready) <= self.claim_batch // 2:
+            self.claim()
 
     def claim(self) -> None:
         """Claim more rows, unless nothing can be due yet."""
@@ -155,7 +169,10 @@ class ClaimBuffer:
             self._poll_delay = _FIRST_POLL_SECONDS
             self.something_changed()
             self.ctx.stats.inc_value("reliability/claimed", len(result.rows))
+            held = len(self.ready)
             handed = sum(self._rebuild(row, result.starts.get(row.id, 0.0)) for row in result.rows)
+            if held and len(self.ready) > held:
+                self._in_claim_order()
             kept = self.writes.written.handed_out()
             if kept:
                 self.ctx.stats.inc_value("reliability/claimed/kept", kept)
@@ -224,6 +241,7 @@ class ClaimBuffer:
             Stage.READY,
             claimed_at=self.ctx.clock.seconds(),
             send_at=send_at,
+            place=(-row.priority, row.claim_order, row.id),
         )
         self._latest_start = max(self._latest_start, send_at)
         self.leases.add(lease)
@@ -257,6 +275,19 @@ class ClaimBuffer:
         lease.domain = urlparse_cached(request).hostname or ""
         self.ready.append(request)
         return False
+
+    def _in_claim_order(self) -> None:
+        """Rows just claimed may come before rows buffered from an earlier claim (a
+        newer request where the queue order is newest first, a higher priority): the
+        buffer is handed out in claim order, as Scrapy's queue pops its requests."""
+
+        def place(request: Request) -> tuple[int, int, int]:
+            lease = self.leases.of(request)
+            return (0, 0, 0) if lease is None else lease.place
+
+        ordered = sorted(self.ready, key=place)
+        self.ready.clear()
+        self.ready.extend(ordered)
 
     # -- when to look again -------------------------------------------------------------------
 

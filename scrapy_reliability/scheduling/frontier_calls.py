@@ -68,7 +68,6 @@ def claim(
             s.worker_id,
             s.limit,
             lease_seconds=s.lease_seconds,
-            newest_first=s.newest_first,
             politeness=s.politeness,
         )
 

@@ -44,6 +44,9 @@ class Lease:
     #: Incremental recrawls: the body hash of the row's last fetch and its interval.
     content_hash: str | None = None
     recrawl_interval: float | None = None
+    #: Its place in claim order, (-priority, claim order, id): the buffer hands
+    #: out the lowest first.
+    place: tuple[int, int, int] = (0, 0, 0)
 
 
 class LeaseBook:

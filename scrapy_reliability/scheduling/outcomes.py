@@ -29,6 +29,7 @@ from scrapy_reliability.scheduling import engine
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
 from scrapy_reliability.scheduling.meta import CONTENT_META, failure_of, retry_of
+from scrapy_reliability.scheduling.order import ClaimOrder
 from scrapy_reliability.scheduling.politeness import LocalPoliteness
 from scrapy_reliability.scheduling.writes import WritePipeline
 from scrapy_reliability.serialization import (
@@ -87,12 +88,15 @@ class Outcomes:
         writes: WritePipeline,
         politeness: LocalPoliteness,
         policy: RetryPolicy,
+        *,
+        order: ClaimOrder,
     ) -> None:
         self.ctx = ctx
         self.leases = leases
         self.writes = writes
         self.politeness = politeness
         self.policy = policy
+        self.order = order
         self.peers = Peers(ctx)
         # Times each row was handed back by this worker.
         self._handed_back: dict[int, int] = {}
@@ -256,7 +260,9 @@ class Outcomes:
 
     def reschedule(self, lease: Lease, request: Request) -> bool:
         """A downloader middleware sent our leased request back (a retry or a
-        redirect): the same row goes back to pending with the new request."""
+        redirect): the same row goes back to pending with the new request, its
+        priority (a middleware may adjust it) and a new claim order: it waits as a
+        request just scheduled does, as in Scrapy's queues."""
         ctx = self.ctx
         assert ctx.spider is not None
         decided = retry_of(request)
@@ -300,7 +306,6 @@ class Outcomes:
                 Outcome.RESCHEDULE,
                 payload=payload,
                 url=request.url,
-                priority=request.priority,
                 not_before=float(failure.get("not_before") or 0.0),
                 attempts_inc=1 if retried else 0,
                 status=failure.get("status"),
@@ -311,6 +316,8 @@ class Outcomes:
                 pause_reason=f"Retry-After ({failure.get('status')})" if pause_until else None,
                 slow_down=slow_down,
                 claimed_at=lease.claimed_at,
+                priority=request.priority,
+                claim_order=self.order.of(request),
             )
         )
         ctx.stats.inc_value(f"reliability/rescheduled/{'retry' if retried else 'redirect'}")

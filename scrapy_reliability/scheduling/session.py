@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from scrapy import Spider, signals
+from scrapy import Request, Spider, signals
 from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
@@ -221,11 +221,15 @@ class Session:
         stats.set_value("reliability/job/resumed", job.resumed)
         stats.inc_value("reliability/lease/recovered", recovered)
         self._unhook = engine.hook_scrape_completion(
-            ctx.crawler, self.outcomes.scrape_started, self.outcomes.scraped
+            ctx.crawler, self._downloaded, self.outcomes.scraped
         )
         self._heartbeat = task.LoopingCall(self._beat)
         self._heartbeat.clock = ctx.clock  # type: ignore[assignment]
         self._heartbeat.start(ctx.config.heartbeat_seconds, now=False)
+
+    def _downloaded(self, request: Request) -> None:
+        self.outcomes.scrape_started(request)
+        self.claims.downloaded()
 
     def _nothing_crawled(self) -> None:
         logger.warning("%s", self._nothing, extra=self.ctx.log())

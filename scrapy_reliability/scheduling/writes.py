@@ -107,7 +107,7 @@ class WritePipeline:
         # The requests of the batch's inserts, by key (to log duplicates, refusals).
         self.requests: dict[str, Request] = {}
         #: Requests whose rows this worker wrote, for the claim to hand out as they are.
-        self.written = WrittenRequests(newest_first=ctx.config.order == "dfs")
+        self.written = WrittenRequests(newest_first=ctx.config.order.newest_first)
         self.in_flight: Future[WriteResult] | None = None
         # The write in flight's handler, run once: on completion or by backpressure.
         self._handlers: dict[Future[WriteResult], Callable[[Future[WriteResult]], None]] = {}

@@ -4,15 +4,15 @@ hands out the request itself instead of decoding and rebuilding it.
 Rebuilding a claimed row (JSON decoding, ``Request.__init__`` escaping the URL
 again, the headers rebuilt) was the largest part of serialization in a crawl at
 full speed (``bench/README.md``, "Where the CPU goes"). A worker that crawls a
-site breadth-first claims, within seconds, rows it wrote itself.
+site claims, within seconds, rows it wrote itself (newest first, the soonest).
 
 A request is kept only when rebuilding its payload would give back an equal
 request that shares nothing with any other (:func:`rebuilds_exactly`), and handed
 out only when its row's payload is still the one written (a retry or redirect
 rewrites it). Bounded by count and by payload size. When full, what is kept is
-what the claim takes next: rows claimed oldest first (breadth-first, Scrapy's
-default) keep the oldest requests and new ones are not kept (the claim reaches
-them last); rows claimed newest first (depth-first) drop the oldest.
+what the claim takes next: rows claimed newest first (Scrapy's default LIFO queues)
+drop the oldest; rows claimed oldest first (FIFO queues) keep the oldest requests and
+new ones are not kept (the claim reaches them last).
 """
 
 from __future__ import annotations

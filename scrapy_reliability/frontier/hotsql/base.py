@@ -24,7 +24,6 @@ class DueLease:
     :meth:`HotSql.lease_due`), as :meth:`HotSql.write_alone` carries it."""
 
     limit: int
-    newest_first: bool
     token: str
     worker_id: str
     expires_at: float
@@ -48,11 +47,11 @@ class HotSql(abc.ABC):
 
     _COLUMNS = (
         "job_id, fingerprint, state, priority, domain, url, payload, not_before, "
-        "attempts, created_at, updated_at"
+        "attempts, created_at, updated_at, claim_order"
     )
     _CLAIMED = (
         "id, fingerprint, payload, attempts, priority, first_failed_at, "
-        "content_hash, content_ns, recrawl_interval, recrawl"
+        "content_hash, content_ns, recrawl_interval, recrawl, claim_order"
     )
 
     def __init__(self) -> None:
@@ -104,11 +103,10 @@ class HotSql(abc.ABC):
         now: float,
         excluded: Sequence[str],
         limit: int,
-        newest_first: bool,
     ) -> list[tuple[int, str]]:
         """Due pending rows (id, domain) of domains not paused (nor ``excluded``),
-        in claim order; on PostgreSQL locked, skipping rows a concurrent claim
-        holds."""
+        in claim order (priority, then claim order, then id); on PostgreSQL locked,
+        skipping rows a concurrent claim holds."""
 
     @abc.abstractmethod
     def lease(
@@ -153,7 +151,6 @@ class HotSql(abc.ABC):
         *,
         now: float,
         limit: int,
-        newest_first: bool,
         token: str,
         worker_id: str,
         expires_at: float,
@@ -161,9 +158,7 @@ class HotSql(abc.ABC):
         """Lease up to ``limit`` due pending rows of domains not paused, in claim
         order, when no domain limit decides which (the candidates, then their
         lease; PostgreSQL sends both as one statement)."""
-        candidates = self.candidates(
-            conn, job_id, now=now, excluded=(), limit=limit, newest_first=newest_first
-        )
+        candidates = self.candidates(conn, job_id, now=now, excluded=(), limit=limit)
         if not candidates:
             return []
         ids = [task_id for task_id, _ in candidates]
@@ -175,7 +170,7 @@ class HotSql(abc.ABC):
 
     def _insert_sql(self, n: int) -> str:
         p = self.P
-        one = f"({p}, {p}, '{PENDING}', {p}, {p}, {p}, {p}, {p}, 0, {p}, {p})"
+        one = f"({p}, {p}, '{PENDING}', {p}, {p}, {p}, {p}, {p}, 0, {p}, {p}, {p})"
         return self._text(
             "insert",
             n,
@@ -201,6 +196,7 @@ class HotSql(abc.ABC):
                 row.not_before,
                 now,
                 now,
+                row.claim_order,
             )
         return tuple(params)
 
@@ -217,27 +213,29 @@ class HotSql(abc.ABC):
             ),
         )
 
-    def _candidates_sql(self, key: str, n_excluded: int, newest_first: bool) -> str:
+    def _candidates_sql(self, key: str, n_excluded: int) -> str:
         p = self.P
         return self._text(
             key,
             self._n(n_excluded),
             lambda: (
-                f"SELECT id, domain, priority FROM {requests.name} "
+                f"SELECT id, domain, priority, claim_order FROM {requests.name} "
                 f"WHERE job_id = {p} AND state = '{PENDING}' AND not_before <= {p} "
                 # No join with the domains: a subquery of the (few) paused ones keeps
                 # the plan an index scan in claim order whatever the table statistics.
                 f"AND domain NOT IN (SELECT domain FROM {domains.name} "
                 f"WHERE job_id = {p} AND paused_until > {p}) "
                 + (f"AND NOT ({self._in('domain', n_excluded, 'text')}) " if n_excluded else "")
-                + f"ORDER BY priority DESC, id {'DESC' if newest_first else 'ASC'} LIMIT {p}"
+                # The order of ix_reliability_requests_claim: one forward index scan,
+                # whichever order (LIFO, FIFO) the writer gave the rows.
+                + f"ORDER BY priority DESC, claim_order, id LIMIT {p}"
                 + self._LOCK_CANDIDATES
             ),
         )
 
     @staticmethod
-    def _candidates_key(excluded: Sequence[str], newest_first: bool) -> str:
-        return f"candidates-{'dfs' if newest_first else 'bfs'}-{bool(excluded)}"
+    def _candidates_key(excluded: Sequence[str]) -> str:
+        return f"candidates-{bool(excluded)}"
 
     def _candidates_params(
         self, job_id: int, now: float, excluded: Sequence[str], limit: int
@@ -281,6 +279,7 @@ class HotSql(abc.ABC):
                 if isinstance(r[8], (int, float)) and 0 < r[8] <= MAX_INTERVAL
                 else None,
                 _text_or_none(r[9]),
+                int(r[10]),
             )
             for r in rows
         ]

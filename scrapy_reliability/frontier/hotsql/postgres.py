@@ -59,11 +59,8 @@ class PostgresHotSql(HotSql):
         now: float,
         excluded: Sequence[str],
         limit: int,
-        newest_first: bool,
     ) -> list[tuple[int, str]]:
-        sql = self._candidates_sql(
-            self._candidates_key(excluded, newest_first), len(excluded), newest_first
-        )
+        sql = self._candidates_sql(self._candidates_key(excluded), len(excluded))
         params = self._candidates_params(job_id, now, excluded, limit)
         return [(r[0], r[1]) for r in conn.exec_driver_sql(sql, tuple(params))]
 
@@ -88,7 +85,6 @@ class PostgresHotSql(HotSql):
         *,
         now: float,
         limit: int,
-        newest_first: bool,
         token: str,
         worker_id: str,
         expires_at: float,
@@ -96,21 +92,19 @@ class PostgresHotSql(HotSql):
         # One round trip: the candidates (locked, skipping rows a concurrent claim
         # holds) as a CTE of the lease.
         sql = self._text(
-            "lease-due",
-            int(newest_first),
-            lambda: f"WITH {self._due_ctes(newest_first)} SELECT {self._CLAIMED} FROM got",
+            "lease-due", 0, lambda: f"WITH {self._due_ctes()} SELECT {self._CLAIMED} FROM got"
         )
-        lease = DueLease(limit, newest_first, token, worker_id, expires_at, now)
+        lease = DueLease(limit, token, worker_id, expires_at, now)
         params = tuple(self._due_params(job_id, lease))
         return self._claimed(conn.exec_driver_sql(sql, params), token)
 
-    def _due_ctes(self, newest_first: bool) -> str:
+    def _due_ctes(self) -> str:
         """``due``: the candidates, locked, skipping rows a concurrent claim holds;
         ``got``: their lease, returning the claimed columns."""
-        key = self._candidates_key((), newest_first)
+        key = self._candidates_key(())
         returning = ", ".join(f"{requests.name}.{c.strip()}" for c in self._CLAIMED.split(","))
         return (
-            f"due AS ({self._candidates_sql(key, 0, newest_first)}), "
+            f"due AS ({self._candidates_sql(key, 0)}), "
             f"got AS ({self._lease_update()}FROM due WHERE {requests.name}.id = due.id "
             f"RETURNING {returning})"
         )
@@ -155,11 +149,11 @@ class PostgresHotSql(HotSql):
         """The text and parameters of :meth:`write_alone`'s statement."""
         # Data-modifying CTEs: the new rows, the settlements and the lease, each
         # aggregated into one column of the one row the statement returns.
-        newest_first = None if lease is None else lease.newest_first
+        leases = lease is not None
         sql = self._text(
-            f"alone-{bool(rows)}-{bool(settles)}-{newest_first}",
+            f"alone-{bool(rows)}-{bool(settles)}-{leases}",
             0,
-            lambda: self._alone_sql(bool(rows), bool(settles), newest_first),
+            lambda: self._alone_sql(bool(rows), bool(settles), leases),
         )
         # Lists go as one JSON text each: psycopg dumps a str in C, and an array
         # element by element in Python (ten times the CPU of the whole statement).
@@ -171,7 +165,15 @@ class PostgresHotSql(HotSql):
                 now,
                 _dumps(
                     [
-                        (r.fingerprint, r.priority, r.domain, r.url, r.payload, r.not_before)
+                        (
+                            r.fingerprint,
+                            r.priority,
+                            r.domain,
+                            r.url,
+                            r.payload,
+                            r.not_before,
+                            r.claim_order,
+                        )
                         for r in rows
                     ]
                 ),
@@ -191,14 +193,14 @@ class PostgresHotSql(HotSql):
             self._claimed(claimed or (), lease.token) if lease is not None else [],
         )
 
-    def _alone_sql(self, inserts: bool, settles: bool, newest_first: bool | None) -> str:
+    def _alone_sql(self, inserts: bool, settles: bool, leases: bool) -> str:
         p, table = self.P, requests.name
         ctes, columns = [], []
         if inserts:
             ctes.append(
                 f"ins AS (INSERT INTO {table} ({self._COLUMNS}) "
                 f"SELECT {p}, t.e->>0, '{PENDING}', (t.e->>1)::integer, t.e->>2, t.e->>3, "
-                f"t.e->>4, (t.e->>5)::float8, 0, {p}, {p} "
+                f"t.e->>4, (t.e->>5)::float8, 0, {p}, {p}, (t.e->>6)::bigint "
                 f"FROM json_array_elements({p}::json) WITH ORDINALITY AS t(e, o) "
                 # Ids in the order the requests came (the claim's order among equals).
                 "ORDER BY t.o ON CONFLICT DO NOTHING RETURNING fingerprint)"
@@ -213,8 +215,8 @@ class PostgresHotSql(HotSql):
                 f"AND r.state = '{LEASED}' RETURNING r.id)"
             )
         columns.append("(SELECT json_agg(id) FROM done)" if settles else "NULL")
-        if newest_first is not None:
-            ctes.append(self._due_ctes(newest_first))
+        if leases:
+            ctes.append(self._due_ctes())
             columns.append(f"(SELECT json_agg(json_build_array({self._CLAIMED})) FROM got)")
         else:
             columns.append("NULL")

@@ -116,21 +116,23 @@ class SqliteHotSql(HotSql):
         now: float,
         excluded: Sequence[str],
         limit: int,
-        newest_first: bool,
     ) -> list[tuple[int, str]]:
-        key = self._candidates_key(excluded, newest_first)
-        sql = self._candidates_sql(key, len(excluded), newest_first)
+        key = self._candidates_key(excluded)
+        sql = self._candidates_sql(key, len(excluded))
         rows = self._json_rows(
             conn,
             self._text(
                 "json-" + key,
                 self._n(len(excluded)),
-                lambda: f"SELECT json_group_array(json_array(id, domain, priority)) FROM ({sql})",
+                lambda: (
+                    "SELECT json_group_array(json_array(id, domain, priority, claim_order)) "
+                    f"FROM ({sql})"
+                ),
             ),
             self._candidates_params(job_id, now, excluded, limit),
         )
         # The aggregate's order is not guaranteed: claim order again.
-        rows.sort(key=lambda r: (-r[2], -r[0] if newest_first else r[0]))
+        rows.sort(key=lambda r: (-r[2], r[3], r[0]))
         return [(int(r[0]), str(r[1])) for r in rows]
 
     def lease(

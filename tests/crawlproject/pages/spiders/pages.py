@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -35,6 +36,7 @@ class PagesSpider(scrapy.Spider):
         via_redirect: str = "",
         poison: str = "",
         start_meta: str = "",
+        start_delay: str = "",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -47,9 +49,14 @@ class PagesSpider(scrapy.Spider):
         self.bad_meta_page = int(bad_meta_page) if bad_meta_page else None
         # Index pages also yield requests no backend can store as they are.
         self.poison = bool(poison)
+        # Seconds between two start requests: start() yields them lazily, as a spider
+        # reading its start URLs from a slow source does.
+        self.start_delay = float(start_delay) if start_delay else 0.0
 
     async def start(self) -> AsyncIterator[Any]:
-        for url in self.start_urls:
+        for n, url in enumerate(self.start_urls):
+            if n and self.start_delay:
+                await asyncio.sleep(self.start_delay)
             yield scrapy.Request(url, dont_filter=True, meta=self.start_meta.get(url))
 
     def parse(self, response: scrapy.http.Response) -> Iterator[Any]:

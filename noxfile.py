@@ -10,6 +10,9 @@ Scrapy. The interpreters are found on ``PATH`` as ``python3.10`` and
   real crawl SIGKILLed three times and resumed, on SQLite and on PostgreSQL, on the two
   corners (oldest Python with the oldest Scrapy, newest with newest).
 * ``crawl``: the kill -9 crawls and the Scrapy hook check, on the other two corners.
+* ``scrapy_suite`` (not in the default run): Scrapy's own tests, stock and with the add-on
+  forced on every crawler (``scrapy_suite/run.py``, issue 31) on the default Python and
+  the newest Scrapy; ``nox -s scrapy_suite -- --modes asyncio,default,none``.
 
 The main CI run (``.ci/run``) covers the rest on the default Python and the newest Scrapy.
 """
@@ -30,6 +33,7 @@ HOOK_CHECK = "tests/test_scrapy_support.py"
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["full", "crawl"]
 
 
 def _install(session: nox.Session, scrapy: str) -> None:
@@ -72,3 +76,17 @@ def crawl(session: nox.Session, scrapy: str) -> None:
     """The kill -9 crawls (SQLite, PostgreSQL) and the hook check."""
     _install(session, scrapy)
     _pytest(session, "-q", KILL_9, HOOK_CHECK, workers=2)
+
+
+@nox.session(name="scrapy_suite")
+def scrapy_suite(session: nox.Session) -> None:
+    """Scrapy's own tests against the add-on: the table, and the allow-list check.
+
+    This session's environment is the runner's (``--no-venv``): the newest Scrapy, the
+    package editable, what Scrapy's tests need (``scrapy_suite/requirements.txt``). The
+    sdist and the cached stock results stay in the runner's cache. Arguments after
+    ``--`` go to the runner (``--report-only``, ``--modes``, ``--stock run``, ``--files``).
+    """
+    _install(session, "newest")
+    session.install("-r", "scrapy_suite/requirements.txt")
+    session.run("python", "scrapy_suite/run.py", "--no-venv", *session.posargs)

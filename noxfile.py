@@ -11,7 +11,7 @@ Scrapy. The interpreters are found on ``PATH`` as ``python3.10`` and
   corners (oldest Python with the oldest Scrapy, newest with newest).
 * ``crawl``: the kill -9 crawls and the Scrapy hook check, on the other two corners.
 * ``scrapy_suite`` (not in the default run): Scrapy's own tests, stock and with the add-on
-  forced on every crawler (``scrapy_suite/run.py``, issue 31) on the default Python and
+  forced on every crawler (``.ci/scrapy_suite/run.py``, issue 31) on the default Python and
   the newest Scrapy; ``nox -s scrapy_suite -- --modes asyncio,default,none``.
 
 The main CI run (``.ci/run``) covers the rest on the default Python and the newest Scrapy.
@@ -83,10 +83,10 @@ def scrapy_suite(session: nox.Session) -> None:
     """Scrapy's own tests against the add-on: the table, and the allow-list check.
 
     This session's environment is the runner's (``--no-venv``): the newest Scrapy, the
-    package editable, what Scrapy's tests need (``scrapy_suite/requirements.txt``). The
+    package editable, what Scrapy's tests need (``.ci/scrapy_suite/requirements.txt``). The
     sdist and the cached stock results stay in the runner's cache. Arguments after
     ``--`` go to the runner (``--report-only``, ``--modes``, ``--stock run``, ``--files``).
     """
     _install(session, "newest")
-    session.install("-r", "scrapy_suite/requirements.txt")
-    session.run("python", "scrapy_suite/run.py", "--no-venv", *session.posargs)
+    session.install("-r", ".ci/scrapy_suite/requirements.txt")
+    session.run("python", ".ci/scrapy_suite/run.py", "--no-venv", *session.posargs)

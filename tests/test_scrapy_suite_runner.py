@@ -1,4 +1,4 @@
-"""The runner of Scrapy's own tests against the add-on (scrapy_suite/run.py): how it
+"""The runner of Scrapy's own tests against the add-on (.ci/scrapy_suite/run.py): how it
 reads a pass's reports, matches the allow-list and decides the check. Its real run is a
 CI step of its own (.ci/scrapy-suite); these are its decisions, in milliseconds."""
 
@@ -23,7 +23,7 @@ def _load(name: str, path: Path):
     return module
 
 
-run = _load("scrapy_suite_run", ROOT / "scrapy_suite" / "run.py")
+run = _load("scrapy_suite_run", ROOT / ".ci" / "scrapy_suite" / "run.py")
 
 
 def report(nodeid, when, outcome, message="", xfail=False):

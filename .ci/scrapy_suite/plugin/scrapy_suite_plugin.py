@@ -1,4 +1,4 @@
-"""pytest plugin of ``scrapy_suite/run.py``: a per-test watchdog and a result log.
+"""pytest plugin of ``.ci/scrapy_suite/run.py``: a per-test watchdog and a result log.
 
 Loaded with ``-p scrapy_suite_plugin`` in both passes (stock and add-on), always under
 pytest-xdist (``-n 1`` at least), configured by environment variables:

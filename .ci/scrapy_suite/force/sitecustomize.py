@@ -1,6 +1,6 @@
 """Force ``scrapy_reliability.Addon`` on every Scrapy crawler this process creates.
 
-On ``PYTHONPATH`` during the add-on pass of ``scrapy_suite/run.py``, so that Scrapy's own
+On ``PYTHONPATH`` during the add-on pass of ``.ci/scrapy_suite/run.py``, so that Scrapy's own
 tests run unedited: in the pytest process, in its xdist workers, and in every child
 process a test starts (``scrapy crawl``, the scripts of ``test_crawler_subprocess``), all
 of which inherit ``PYTHONPATH``.

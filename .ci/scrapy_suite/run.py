@@ -2,15 +2,15 @@
 
 Fetches the source distribution of the Scrapy release installed here (its ``tests/``
 included) from the package index, installs what its tests need into a virtual
-environment of this runner's own, and runs the test files of ``scrapy_suite/files.txt``
+environment of this runner's own, and runs the test files of ``.ci/scrapy_suite/files.txt``
 twice per reactor mode: stock, then with the add-on forced on every crawler the tests
-create (``scrapy_suite/force/sitecustomize.py``: no test is edited). It prints a table,
+create (``.ci/scrapy_suite/force/sitecustomize.py``: no test is edited). It prints a table,
 stock against add-on per file, and the tests that pass stock but not with the add-on,
 each with the first line of its failure, and writes ``results.json``.
 
 Bounded time: a test (setup, call, teardown) that runs past ``--test-timeout`` is
 reported as a timeout, with every thread's stack, and the run goes on
-(``scrapy_suite/plugin/scrapy_suite_plugin.py``); a pass that runs past
+(``.ci/scrapy_suite/plugin/scrapy_suite_plugin.py``); a pass that runs past
 ``--pass-timeout`` is killed and its unfinished tests reported as hangs.
 
 The check (exit status 1 unless ``--report-only``): every test that passes stock passes
@@ -19,9 +19,9 @@ each with its reason); none hangs with the add-on, listed or not; the listed one
 at most ``--max-listed-share`` (2%) of the stock passes; and ``docs/compatibility.md``,
 when it exists, names exactly the listed tests.
 
-    python3 scrapy_suite/run.py                    # asyncio mode, stock + add-on, check
-    python3 scrapy_suite/run.py --report-only --modes asyncio,default,none
-    python3 scrapy_suite/run.py --files tests/test_scheduler.py -k priority
+    python3 .ci/scrapy_suite/run.py                    # asyncio mode, stock + add-on, check
+    python3 .ci/scrapy_suite/run.py --report-only --modes asyncio,default,none
+    python3 .ci/scrapy_suite/run.py --files tests/test_scheduler.py -k priority
 
 Exit status: 0 the check passed (or ``--report-only``), 1 it failed, 2 the runner could
 not run (no Scrapy installed, the sdist without tests, an install that failed).
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-CHECKOUT = HERE.parent
+CHECKOUT = HERE.parent.parent
 PLUGIN_DIR = HERE / "plugin"
 FORCE_DIR = HERE / "force"
 DEFAULT_FILES = HERE / "files.txt"
@@ -734,7 +734,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="asyncio",
         help="reactor modes, comma-separated, of asyncio, default, none (default: asyncio)",
     )
-    parser.add_argument("--files", nargs="*", help="test files (default: scrapy_suite/files.txt)")
+    parser.add_argument(
+        "--files", nargs="*", help="test files (default: .ci/scrapy_suite/files.txt)"
+    )
     parser.add_argument("--file-list", type=Path, default=DEFAULT_FILES)
     parser.add_argument("--jobs", "-n", type=int, default=2, help="pytest-xdist workers (2)")
     parser.add_argument("--test-timeout", type=float, default=30.0, help="seconds a test (30)")

@@ -140,7 +140,6 @@ RULES: tuple[tuple[str, str | None, str | None], ...] = (
     (_OURS + r"serialization/", None, "serialization"),
     # --- dedup
     (_OURS + r"(dupefilter|fingerprint|canonical)\.py$", None, "dedup"),
-    (_OURS + r"scheduler\.py$", r"\._key_for$", "dedup"),
     # --- heartbeat
     (_OURS + r"scheduling/session\.py$", r"\._beat(en)?$", "heartbeat"),
     (_OURS + r"scheduling/jobdb\.py$", r"beat$", "heartbeat"),

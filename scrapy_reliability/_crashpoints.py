@@ -26,6 +26,8 @@ each one):
 * ``finishing``: a finished crawl's last writes are done, the job not yet marked finished;
 * ``mid_cache_write``: inside an HTTP cache write's transaction, its rows written, the
   COMMIT not yet (``tests/test_http_cache.py``; not a point of the ack protocol).
+* ``mid_adoption``: inside the transaction that adopts a stock JOBDIR, every row written,
+  the COMMIT not yet (``tests/test_adopt_jobdir.py``; not a point of the ack protocol).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ POINTS = (
     "mid_release",
     "finishing",
     "mid_cache_write",
+    "mid_adoption",
 )
 
 ENV = "RELIABILITY_CRASH_POINT"

@@ -136,8 +136,11 @@ def _keep_job_fingerprinter(
 ) -> None:
     """A running job keyed by Scrapy's own fingerprinter (every job started before
     canonical URLs) keeps it: the add-on's default would key its rows anew and
-    fetch its pages again. `scrapy frontier rekey` moves it to canonical URLs."""
+    fetch its pages again. `scrapy frontier rekey` moves it to canonical URLs.
+    So does a new job that adopts a stock JOBDIR: Scrapy's fingerprints (which
+    cannot be converted) wrote its requests.seen."""
     from scrapy_reliability.fingerprint import PUBLIC_NAME, SCRAPY_FINGERPRINTER
+    from scrapy_reliability.scheduling import stock_jobdir
 
     if settings.getpriority("REQUEST_FINGERPRINTER_CLASS") != _ADDON_PRIORITY or (
         settings.get("REQUEST_FINGERPRINTER_CLASS") != PUBLIC_NAME
@@ -145,6 +148,15 @@ def _keep_job_fingerprinter(
         return  # the project chose its fingerprinter: the job's check stands
     found = frontier.job_keys(name)
     if found is None:
+        files = stock_jobdir.find(settings)
+        if files is not None and config.retry_pass is None:
+            settings.set("REQUEST_FINGERPRINTER_CLASS", SCRAPY_FINGERPRINTER, "addon")
+            logger.info(
+                "Job %(job)s adopts Scrapy's own crawl state in JOBDIR (%(files)s) and keys "
+                "requests by Scrapy's request fingerprints, which wrote it; `scrapy frontier "
+                "rekey` moves it to canonical URLs (docs/canonical-urls.md).",
+                {"job": name, "files": files.names},
+            )
         return
     state, scheme, policy = found
     resumes = state == JOB_RUNNING or config.retry_pass is not None

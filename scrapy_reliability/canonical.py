@@ -5,7 +5,7 @@ The one module that canonicalises URLs (the dedup key of
 events, ``scrapy frontier explain``). Built on w3lib: :func:`w3lib.url.canonicalize_url`
 (scheme and host case, percent-encoding, sorted query, no fragment), then
 :func:`w3lib.url.url_query_cleaner` drops tracking parameters; this module only
-adds the default ports and the per-domain trailing-slash rule. See
+adds the default ports and the per-domain rules (index names, trailing slash). See
 docs/canonical-urls.md.
 
 A policy has a :attr:`CanonicalPolicy.version`: a short hash of its normalised
@@ -114,11 +114,15 @@ _PLAIN = re.compile(
     re.ASCII,
 )
 _PARAM = re.compile(r"[^\s*]+\*?")
+# A file name as canonicalize_url writes it in a path: characters it never quotes, no
+# ";" (which starts path parameters).
+_INDEX_NAME = re.compile(r"[-!$&'()*+,.0-9:=@A-Z_a-z|~]+", re.ASCII)
 # An http(s) URL that canonicalize_url returns as it is (most links a spider yields:
 # Scrapy has already made them safe): a lowercase host name or IPv4 address, a port
 # without leading zeros, a path of characters it never quotes (no "%", no ";"), and
 # a query of name=value fields of characters it never quotes, sorted (checked
-# apart), no fragment. Dot segments are checked apart too.
+# apart), no fragment (:func:`_known_canonical` cuts it first). Dot segments are
+# checked apart too.
 _QUERY_FIELD = r"[-.0-9A-Z_a-z~]*=[-.0-9A-Z_a-z~]*"
 _W3LIB_CANONICAL = re.compile(
     r"https?://[a-z0-9-]+(?:\.[a-z0-9-]+)*(?::(?P<port>[1-9][0-9]{0,4}))?"
@@ -142,6 +146,23 @@ def _w3lib_keeps(url: str) -> bool:
         fields = [tuple(field.split("=")) for field in query.split("&")]
         return fields == sorted(fields)
     return True
+
+
+def _known_canonical(url: str) -> str | None:
+    """``canonicalize_url(url)`` when it is known without running it, else None.
+
+    canonicalize_url drops the fragment: everything after the first ``#`` (a URL
+    has none before it; ``%23`` is no fragment). So a URL whose part before that
+    ``#`` is one w3lib leaves alone canonicalises to that part, whatever the
+    fragment holds, as long as w3lib can encode it: a non-ASCII fragment (which it
+    percent-encodes, and on which a lone surrogate makes it raise) goes through it.
+    """
+    if not _W3LIB_AGREES:
+        return None
+    head, sharp, fragment = url.partition("#")
+    if sharp and not fragment.isascii():
+        return None
+    return head if _w3lib_keeps(head) else None
 
 
 def _names(values: Iterable[str]) -> tuple[str, ...]:
@@ -201,19 +222,38 @@ class DomainRule:
     drop_params: tuple[str, ...] = ()
     keep_params: tuple[str, ...] = ()
     trailing_slash: str = "keep"
+    #: File names that are their directory's page (``/a/index.html`` is ``/a/``),
+    #: compared as written: a path's case matters.
+    index_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "drop_params", _names(self.drop_params))
         object.__setattr__(self, "keep_params", _names(self.keep_params))
+        object.__setattr__(self, "index_names", tuple(sorted(set(self.index_names))))
         if self.trailing_slash not in TRAILING_SLASH_RULES:
             raise ValueError(f"trailing_slash must be one of {', '.join(TRAILING_SLASH_RULES)}")
+        bad = [n for n in self.index_names if not _INDEX_NAME.fullmatch(n) or not n.strip(".")]
+        if bad:
+            raise ValueError(f"index_names must be file names like 'index.html': {bad[0]!r}")
+
+    def folded_index(self, path: str) -> str:
+        """``path`` with a last segment that is one of :attr:`index_names` removed."""
+        if self.index_names:
+            directory, slash, name = path.rpartition("/")
+            if slash and name in self.index_names:
+                return directory + slash
+        return path
 
     def normalized(self) -> dict[str, Any]:
-        return {
+        rule: dict[str, Any] = {
             "drop_params": list(self.drop_params),
             "keep_params": list(self.keep_params),
             "trailing_slash": self.trailing_slash,
         }
+        if self.index_names:
+            # Named only when set: rules without it keep the versions jobs stored.
+            rule["index_names"] = list(self.index_names)
+        return rule
 
 
 @dataclass(frozen=True)
@@ -243,7 +283,9 @@ class CanonicalPolicy:
 
     def canonical_url(self, url: str) -> str:
         """The canonical form of ``url``; ValueError for what w3lib cannot parse."""
-        canonical = url if _W3LIB_AGREES and _w3lib_keeps(url) else str(canonicalize_url(url))
+        canonical = _known_canonical(url)
+        if canonical is None:
+            canonical = str(canonicalize_url(url))
         if not self.domains:
             fast = self._plain(canonical)
             if fast is not None:
@@ -267,7 +309,7 @@ class CanonicalPolicy:
 
     def _finish(self, canonical: str) -> str:
         """The policy's part after w3lib's ``canonicalize_url``: dropped parameters,
-        default ports, the trailing-slash rule."""
+        default ports, the domain's index names, then its trailing-slash rule."""
         split = urlsplit(canonical)
         rule = self.rule_for(split.hostname or "") if self.domains else None
         if split.query:
@@ -284,7 +326,10 @@ class CanonicalPolicy:
             if port is not None and _DEFAULT_PORTS.get(split.scheme) == port:
                 netloc = netloc[: netloc.rfind(":")]
         path = split.path
-        slash = rule.trailing_slash if rule is not None else "keep"
+        slash = "keep"
+        if rule is not None:
+            path = rule.folded_index(path)
+            slash = rule.trailing_slash
         if slash == "strip" and len(path) > 1 and path.endswith("/"):
             path = path.rstrip("/") or "/"
         elif slash == "add" and not path.endswith("/"):
@@ -328,7 +373,8 @@ class CanonicalPolicy:
 
 def _w3lib_agrees() -> bool:
     """Whether the w3lib installed leaves alone what :func:`_w3lib_keeps` says it
-    does (a later w3lib may canonicalise more): else every URL goes through it."""
+    does, and drops a fragment whatever it holds (a later w3lib may canonicalise
+    more): else every URL goes through it."""
     probes = (
         "http://a.example.com/",
         "https://127.0.0.2:8080/p/0?n=12345",
@@ -336,7 +382,11 @@ def _w3lib_agrees() -> bool:
         "http://h/a?a=1&a=2&b=&c=9&c-d=0",
         "http://h/a?=&=x&a=",
     )
-    return all(_w3lib_keeps(url) and canonicalize_url(url) == url for url in probes)
+    # The fragment goes, whatever it holds (a "?", a "#", brackets, a backslash, spaces).
+    fragments = ("#", "#top", "#a?b=1#c/[d]\\e%23 \t")
+    return all(_w3lib_keeps(url) and canonicalize_url(url) == url for url in probes) and all(
+        canonicalize_url(url + f) == url for url in probes for f in fragments
+    )
 
 
 _W3LIB_AGREES = _w3lib_agrees()
@@ -360,8 +410,12 @@ _DROP = "RELIABILITY_CANONICAL_DROP_PARAMS"
 _KEEP = "RELIABILITY_CANONICAL_KEEP_PARAMS"
 _DOMAINS = "RELIABILITY_CANONICAL_DOMAINS"
 _PARAMS_ACCEPTS = "a list of query parameter names (a trailing * matches a prefix, e.g. 'utm_*')"
-_RULE_KEYS = ("drop_params", "keep_params", "trailing_slash")
-_RULE_SHAPE = "{'drop_params': ['sid'], 'keep_params': ['ref'], 'trailing_slash': 'strip'}"
+_INDEX_ACCEPTS = "a list of file names (e.g. ['index.html', 'index.htm'])"
+_RULE_KEYS = ("drop_params", "keep_params", "trailing_slash", "index_names")
+_RULE_SHAPE = (
+    "{'drop_params': ['sid'], 'keep_params': ['ref'], 'trailing_slash': 'strip', "
+    "'index_names': ['index.html']}"
+)
 
 
 def policy_from_settings(settings: Any) -> CanonicalPolicy:
@@ -391,6 +445,7 @@ def policy_from_settings(settings: Any) -> CanonicalPolicy:
             drop_params=_params(options.get("drop_params"), f"{where}['drop_params']"),
             keep_params=_params(options.get("keep_params"), f"{where}['keep_params']"),
             trailing_slash=slash.strip().lower(),
+            index_names=_index_names(options.get("index_names"), f"{where}['index_names']"),
         )
     return CanonicalPolicy(
         drop_params=_names((*DEFAULT_DROP_PARAMS, *drop)), keep_params=keep, domains=domains
@@ -398,22 +453,34 @@ def policy_from_settings(settings: Any) -> CanonicalPolicy:
 
 
 def _params(raw: Any, name: str) -> tuple[str, ...]:
+    return _names(_strings(raw, name, _PARAMS_ACCEPTS, _PARAM))
+
+
+def _index_names(raw: Any, name: str) -> tuple[str, ...]:
+    names = _strings(raw, name, _INDEX_ACCEPTS, _INDEX_NAME)
+    if not all(n.strip().strip(".") for n in names):
+        raise _error(name, _INDEX_ACCEPTS, raw)
+    return tuple(n.strip() for n in names)
+
+
+def _strings(raw: Any, name: str, accepts: str, each: re.Pattern[str]) -> list[str]:
+    """A list of strings that each match ``each``: a list, ``"a,b"`` or a JSON list."""
     if raw is None or raw == "":
-        return ()
+        return []
     if isinstance(raw, str):  # -s NAME=a,b or a JSON list
         text = raw.strip()
         if text.startswith("["):
             try:
                 raw = json.loads(text)
             except ValueError:
-                raise _error(name, _PARAMS_ACCEPTS, raw) from None
+                raise _error(name, accepts, raw) from None
         else:
             raw = [part for part in text.split(",") if part.strip()]
     if not isinstance(raw, (list, tuple)) or not all(
-        isinstance(v, str) and _PARAM.fullmatch(v.strip()) for v in raw
+        isinstance(v, str) and each.fullmatch(v.strip()) for v in raw
     ):
-        raise _error(name, _PARAMS_ACCEPTS, raw)
-    return _names(raw)
+        raise _error(name, accepts, raw)
+    return list(raw)
 
 
 def _error(name: str, accepts: str, raw: Any) -> Exception:

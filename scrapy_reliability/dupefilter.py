@@ -10,7 +10,9 @@ runs, and memory stays bounded however long the crawl.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import OrderedDict
+from collections.abc import Container
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider
@@ -57,6 +59,36 @@ class RecentKeys:
         return len(self._keys)
 
 
+class StartPages:
+    """The fingerprints of a run's start requests (``dont_filter``, keyed
+    ``s:<fingerprint>``), so that a link to one of their pages is keyed as the start
+    request and is a duplicate of its row. Every run (and every worker) learns them
+    again as its spider yields its start requests. At most ``size``, the first ones:
+    a link to the page of a start request beyond them is fetched again, as before."""
+
+    def __init__(self, size: int = 100_000):
+        self._size = size
+        self._fingerprints: set[str] = set()
+        self.full = False
+
+    def add(self, fingerprint: str) -> None:
+        if len(self._fingerprints) < self._size:
+            self._fingerprints.add(fingerprint)
+        elif fingerprint not in self._fingerprints and not self.full:
+            self.full = True
+            logger.info(
+                "More than %(n)d start requests: a link to the page of a later one fetches "
+                "it again (the first %(n)d are known, a link to one of them is a duplicate).",
+                {"n": self._size},
+            )
+
+    def __contains__(self, fingerprint: str) -> bool:
+        return fingerprint in self._fingerprints
+
+    def __len__(self) -> int:
+        return len(self._fingerprints)
+
+
 class DupeFilter(BaseDupeFilter):
     """``DUPEFILTER_CLASS = "scrapy_reliability.DupeFilter"``."""
 
@@ -65,6 +97,7 @@ class DupeFilter(BaseDupeFilter):
         self.config = config
         self.fingerprinter = crawler.request_fingerprinter
         self.recent = RecentKeys(config.dedup_cache_size)
+        self.start_pages = StartPages()
         self.debug = crawler.settings.getbool("DUPEFILTER_DEBUG")
         self._logged_once = False
         # Standalone mode only:
@@ -91,6 +124,33 @@ class DupeFilter(BaseDupeFilter):
 
     def key(self, request: Request) -> str:
         return str(self.fingerprinter.fingerprint(request).hex())
+
+    def row_key(self, request: Request, buffered: Container[str], *, adopted: bool = False) -> str:
+        """The frontier row key of a new request under the Scheduler (``buffered``:
+        keys about to be written): its fingerprint, or for a link to the page of a
+        start request of this run that start request's key; for a ``dont_filter``
+        start request ``s:<fingerprint>``, ``s:<fingerprint>:<n>`` for its n-th copy
+        in this run; for another ``dont_filter`` request a key of its own. In a job
+        ``adopted`` from a stock JOBDIR a start request's first copy is keyed by its
+        plain fingerprint, as Scrapy's requests.seen names a start page it fetched
+        (frontier/adoption.py)."""
+        fingerprint = self.key(request)
+        first = fingerprint if adopted else f"s:{fingerprint}"
+        if not request.dont_filter:
+            # A duplicate of the start request's row (which itself is never filtered).
+            return first if fingerprint in self.start_pages else fingerprint
+        if request.meta.get("is_start_request"):
+            self.start_pages.add(fingerprint)
+            # Deterministic across runs, so a resumed job does not fetch its start
+            # requests again; the same start URL twice in one run is the n-th copy.
+            key = first
+            n = 0
+            while key in self.recent or key in buffered:
+                n += 1
+                key = f"s:{fingerprint}:{n}"
+            return key
+        # dont_filter=True still gets a row, under a key of its own.
+        return f"u:{uuid.uuid4().hex}"
 
     # -- standalone mode (Scrapy's own scheduler calls these) -------------------------------
 

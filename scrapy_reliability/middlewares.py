@@ -1,25 +1,34 @@
 """The retry downloader middleware: a thin shell around :class:`RetryPolicy`.
 
-It replaces Scrapy's ``RetryMiddleware`` when the add-on is on. A retry is the
-same frontier row sent back to pending with ``not_before = now + delay`` (the
-backoff, or Retry-After), so it survives restarts and never blocks due work; a
-request that fails for good is marked so the scheduler dead-letters it once
-Scrapy is done with it.
+It replaces Scrapy's ``RetryMiddleware`` when the add-on is on, and keeps its rules:
+what Scrapy's settings (``RETRY_ENABLED``, ``RETRY_TIMES``, ``RETRY_HTTP_CODES``,
+``RETRY_EXCEPTIONS``) and the ``dont_retry`` and ``max_retry_times`` meta keys would
+not retry is not retried, and what they would retry is retried as many times. Each
+retry and give-up goes through Scrapy's own
+:func:`~scrapy.downloadermiddlewares.retry.get_retry_request`, so Scrapy's stats
+(``retry/count``, ``retry/reason_count/<reason>``, ``retry/max_reached``) and log lines
+are the same as without the add-on.
+
+What the add-on adds: a retry is the same frontier row sent back to pending with
+``not_before = now + delay`` (the backoff, or Retry-After), so it survives restarts and
+never blocks due work; a request that fails for good is marked so the scheduler
+dead-letters it, with its error class, once Scrapy is done with it.
 
 Requests that are not frontier rows (no task id: robots.txt, which Scrapy's
 RobotsTxtMiddleware downloads through ``engine.download_async``, or any other
 download a spider or component makes outside the scheduler) cannot be retried
-later or dead-lettered: nothing would carry out the decision. They keep Scrapy's
-own retry rules (``RETRY_*`` settings), as if the add-on were not there.
+later or dead-lettered: nothing would carry out the decision. They are retried as
+Scrapy's own RetryMiddleware would retry them, at once.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 import time
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 from scrapy.downloadermiddlewares.retry import get_retry_request
@@ -27,10 +36,10 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
 from scrapy.settings import BaseSettings
 from scrapy.utils.httpobj import urlparse_cached
-from scrapy.utils.misc import load_object
 from scrapy.utils.response import response_status_message
 
-from scrapy_reliability.retry import Action, ErrorClass, RetryPolicy, parse_retry_after
+from scrapy_reliability.retry import Action, ErrorClass, RetryPolicy, Verdict
+from scrapy_reliability.retry_after import parse_retry_after
 from scrapy_reliability.scheduling.meta import (
     ATTEMPTS_META,
     FAILURE_META,
@@ -40,7 +49,12 @@ from scrapy_reliability.scheduling.meta import (
     RetryMeta,
     failure_of,  # noqa: F401  (re-exported: imported from here before scheduling.meta)
 )
-from scrapy_reliability.settings_values import MAX_SECONDS, SettingError, nonnegative_float
+from scrapy_reliability.settings_values import (
+    MAX_SECONDS,
+    SettingError,
+    bool_setting,
+    nonnegative_float,
+)
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -49,6 +63,9 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
+
+# Scrapy 2.17 added get_retry_request's give_up_log_level (the give_up_log_level meta key).
+_GIVE_UP_LEVEL = "give_up_log_level" in inspect.signature(get_retry_request).parameters
 
 
 class RetryMiddleware:
@@ -61,24 +78,29 @@ class RetryMiddleware:
         allowed: set[int],
         bans: BanDetector | None = None,
         crawler: Crawler | None = None,
+        *,
+        allow_all: bool = False,
     ):
         self.policy = policy
         self.stats = stats
         self.allowed = allowed
+        self.allow_all = allow_all
         self.bans = bans or BanDetector()
+        self.crawler = crawler
         self._bad_retry_after_logged: set[str] = set()
-        self._scrapy_rules = _ScrapyRetryRules(crawler)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         assert crawler.stats is not None
-        allowed = {int(s) for s in crawler.settings.getlist("HTTPERROR_ALLOWED_CODES")}
+        settings = crawler.settings
+        allowed = {int(s) for s in settings.getlist("HTTPERROR_ALLOWED_CODES")}
         return cls(
-            RetryPolicy.from_settings(crawler.settings),
+            RetryPolicy.from_settings(settings),
             crawler.stats,
             allowed,
-            BanDetector.from_settings(crawler.settings),
+            BanDetector.from_settings(settings),
             crawler,
+            allow_all=settings.getbool("HTTPERROR_ALLOW_ALL"),
         )
 
     # ``spider``: Scrapy 2.13 passes it to every downloader middleware method; later
@@ -87,17 +109,21 @@ class RetryMiddleware:
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Request | Response:
         if TASK_META not in request.meta:
-            return self._scrapy_rules.process_response(request, response)
-        if request.meta.get("dont_retry") or self._handled_by_spider(request, response.status):
-            return response
-        ban = self.bans.check(urlparse_cached(request).hostname or "", response)
+            return self._scrapy_rules_response(request, response)
+        policy = self.policy.with_overrides(request.meta)
+        status = response.status
+        # Stock Scrapy retries a status in RETRY_HTTP_CODES even when the spider
+        # handles it; once retries end, the spider gets it: no failure.
+        handled = self._handled_by_spider(request, status)
+        domain = urlparse_cached(request).hostname or ""
+        ban = None if handled else self.bans.check(domain, response)
         if ban is not None:
             self.stats.inc_value(f"reliability/ban/{ban}")
             logger.warning(
                 "Ban signal from %(domain)s (%(signal)s on %(url)s): pausing the domain for "
                 "%(s).0f s for every worker and lowering its rate",
                 {
-                    "domain": urlparse_cached(request).hostname,
+                    "domain": domain,
                     "signal": ban,
                     "url": request.url,
                     "s": self.bans.pause_seconds,
@@ -105,26 +131,31 @@ class RetryMiddleware:
             )
             retry = self._failed(
                 request,
-                ErrorClass.THROTTLED,
-                status=response.status,
+                policy,
+                Verdict(ErrorClass.THROTTLED, self._ban_not_retried(policy, ban, status)),
+                reason=f"{response_status_message(status)} (ban signal: {ban})",
+                status=status,
                 error=f"ban signal: {ban}",
                 retry_after=self.bans.pause_seconds,
                 slow_down=True,
             )
             return retry if retry is not None else response
         headers = response.headers.getlist(b"Retry-After")
-        error_class = self.policy.classify_status(response.status, has_retry_after=bool(headers))
-        if error_class is None:
-            return response
+        verdict = policy.judge_status(status, has_retry_after=bool(headers))
+        if verdict.error_class is None or (handled and verdict.final is not None):
+            return response  # no failure, or one the spider handles and Scrapy never retries
         retry_after = None
-        if headers and response.status in (429, 503):
+        if headers and status in (429, 503):
             retry_after = self._retry_after(request, headers)
         retry = self._failed(
             request,
-            error_class,
-            status=response.status,
-            error=f"HTTP {response.status}",
+            policy,
+            verdict,
+            reason=response_status_message(status),
+            status=status,
+            error=f"HTTP {status}",
             retry_after=retry_after,
+            fails=not handled and not 200 <= status < 300,
         )
         return retry if retry is not None else response
 
@@ -132,40 +163,91 @@ class RetryMiddleware:
         self, request: Request, exception: Exception, spider: Spider | None = None
     ) -> Request | None:
         if TASK_META not in request.meta:
-            return self._scrapy_rules.process_exception(request, exception)
-        if isinstance(exception, IgnoreRequest) or request.meta.get("dont_retry"):
+            return self._scrapy_rules_exception(request, exception)
+        if isinstance(exception, IgnoreRequest):
             return None
-        error_class = self.policy.classify_exception(exception)
+        policy = self.policy.with_overrides(request.meta)
         message = f"{type(exception).__name__}: {exception}".strip()
-        return self._failed(request, error_class, status=None, error=message)
+        return self._failed(
+            request,
+            policy,
+            policy.judge_exception(exception),
+            reason=exception,
+            status=None,
+            error=message,
+        )
+
+    @staticmethod
+    def _ban_not_retried(policy: RetryPolicy, ban: str, status: int) -> str | None:
+        """Why a ban signal's response is not retried, if it is not. A challenge page
+        or an empty body is retried: the project asked for those signals. The 403s of
+        a jump in 403s only where the project retries 403s (RETRY_HTTP_CODES,
+        RELIABILITY_STATUS_CLASSES), as Scrapy would."""
+        if ban != "403_share":
+            return None
+        judged = policy.judge_status(status)
+        if judged.error_class is None:
+            return f"RELIABILITY_STATUS_CLASSES makes {status} ok"
+        if judged.final == "permanent error":
+            return f"{status} is not in RETRY_HTTP_CODES"
+        return judged.final
 
     def _handled_by_spider(self, request: Request, status: int) -> bool:
+        """Whether Scrapy's HttpErrorMiddleware hands this non-2xx status to the
+        spider (the same rules, in the same order)."""
         meta = request.meta
-        if meta.get("handle_httpstatus_all"):
+        if 200 <= status < 300:
+            return False
+        if meta.get("handle_httpstatus_all", False):
             return True
-        return status in meta.get("handle_httpstatus_list", ()) or status in self.allowed
+        if "handle_httpstatus_list" in meta:
+            return status in meta["handle_httpstatus_list"]
+        if self.allow_all:
+            return True
+        spider = self.crawler.spider if self.crawler is not None else None
+        return status in getattr(spider, "handle_httpstatus_list", self.allowed)
 
     def _failed(
         self,
         request: Request,
-        error_class: ErrorClass,
+        policy: RetryPolicy,
+        verdict: Verdict,
         *,
+        reason: str | Exception,
         status: int | None,
         error: str,
         retry_after: float | None = None,
         slow_down: bool = False,
+        fails: bool = True,
     ) -> Request | None:
-        policy = self.policy.with_overrides(request.meta)
+        """The retry of a failed attempt, or None: the request failed for good (marked
+        for its dead letter unless ``fails`` is False: the spider handles the status)
+        or the crawl is stopping."""
+        assert verdict.error_class is not None
         attempts = int(request.meta.get(ATTEMPTS_META, 0)) + 1
-        decision = policy.decide(error_class, attempts, retry_after=retry_after)
+        decision = policy.decide(
+            verdict.error_class, attempts, retry_after=retry_after, final=verdict.final
+        )
         cls = decision.error_class.value
         if decision.action is Action.RELEASE:
             return None
+        retry = None
+        if decision.action is Action.RETRY or decision.exhausted:
+            # Scrapy's own accounting, as its RetryMiddleware would do it: the
+            # "Retrying"/"Gave up retrying" lines, retry/count, retry/reason_count/*,
+            # retry/max_reached. It counts from meta["retry_times"]; the frontier's
+            # count of failed attempts is the one that survives a crash.
+            if attempts > 1 or "retry_times" in request.meta:
+                request.meta["retry_times"] = attempts - 1
+            retry = self._scrapy_retry(request, reason, policy.max_attempts - 1)
         if decision.action is Action.RETRY:
+            if retry is None:  # no spider to count it for (outside a crawl)
+                retry = request.copy()
+                retry.dont_filter = True
             self.stats.inc_value(f"reliability/retry/{cls}")
             logger.debug(
-                "Retrying %(request)s in %(delay).1f s (%(cls)s: %(error)s; attempt %(n)d of "
-                "%(max)d; %(reason)s)",
+                "Attempt %(n)d of %(max)d of %(request)s failed (%(cls)s: %(error)s); next "
+                "one in %(delay).1f s (%(reason)s)",
                 {
                     "request": request,
                     "delay": decision.delay,
@@ -176,8 +258,6 @@ class RetryMiddleware:
                     "reason": decision.reason,
                 },
             )
-            retry = request.copy()
-            retry.dont_filter = True
             not_before = time.time() + decision.delay
             retry_meta: RetryMeta = {
                 "error_class": cls,
@@ -192,20 +272,69 @@ class RetryMiddleware:
             }
             retry.meta[RETRY_META] = retry_meta
             return retry
+        if not fails:
+            return None
         self.stats.inc_value(f"reliability/gave_up/{cls}")
         logger.info(
             "Dead-lettering %(request)s: %(cls)s error (%(error)s), %(reason)s",
             {"request": request, "cls": cls, "error": error, "reason": decision.reason},
         )
+        # A Retry-After (or ban pause) the policy honours still pauses the domain.
+        pause = retry_after if retry_after is not None and retry_after >= 0 else None
         failure: FailureMeta = {
             "error_class": cls,
             "status": status,
             "error": f"{error}; {decision.reason}",
             # The last 429 of a request that gives up is a throttle all the same.
             "slow_down": slow_down or status == 429,
+            "pause_until": (
+                time.time() + pause
+                if pause is not None and pause <= policy.retry_after_max
+                else None
+            ),
         }
         request.meta[FAILURE_META] = failure
         return None
+
+    def _scrapy_retry(
+        self, request: Request, reason: str | Exception, max_retry_times: int | None
+    ) -> Request | None:
+        """Scrapy's ``get_retry_request`` for ``request``, as its RetryMiddleware calls it."""
+        spider = self.crawler.spider if self.crawler is not None else None
+        if spider is None:
+            return None
+        extra: dict[str, Any] = {}
+        if _GIVE_UP_LEVEL and request.meta.get("give_up_log_level") is not None:
+            extra["give_up_log_level"] = request.meta["give_up_log_level"]
+        return get_retry_request(
+            request,
+            spider=spider,
+            reason=reason,
+            max_retry_times=max_retry_times,
+            priority_adjust=request.meta.get("priority_adjust"),
+            **extra,
+        )
+
+    # -- requests that are not frontier rows: Scrapy's RetryMiddleware, as it is ----------------
+
+    def _scrapy_rules_response(self, request: Request, response: Response) -> Response | Request:
+        policy = self.policy
+        if (
+            not policy.retry_enabled
+            or request.meta.get("dont_retry")
+            or response.status not in policy.retry_http_codes
+        ):
+            return response
+        reason = response_status_message(response.status)
+        return self._scrapy_retry(request, reason, request.meta.get("max_retry_times")) or response
+
+    def _scrapy_rules_exception(self, request: Request, exception: Exception) -> Request | None:
+        policy = self.policy
+        if not policy.retry_enabled or request.meta.get("dont_retry"):
+            return None
+        if not isinstance(exception, policy.retry_exceptions):
+            return None
+        return self._scrapy_retry(request, exception, request.meta.get("max_retry_times"))
 
     def _retry_after(self, request: Request, values: list[bytes]) -> float | None:
         """The wait the Retry-After header lines ask for, or None to back off.
@@ -236,57 +365,14 @@ class RetryMiddleware:
         )
 
 
-class _ScrapyRetryRules:
-    """Scrapy's own RetryMiddleware rules, for requests that are not frontier rows:
-    ``RETRY_ENABLED``, ``RETRY_TIMES``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS`` and
-    the ``dont_retry``, ``max_retry_times`` and ``priority_adjust`` meta keys, through
-    Scrapy's public :func:`~scrapy.downloadermiddlewares.retry.get_retry_request` (its
-    stats and log lines too). Without a crawler, nothing is retried."""
-
-    def __init__(self, crawler: Crawler | None):
-        self.crawler = crawler
-        settings = crawler.settings if crawler is not None else None
-        self.enabled = settings is not None and settings.getbool("RETRY_ENABLED")
-        self.codes: set[int] = set()
-        self.exceptions: tuple[type[BaseException], ...] = ()
-        if settings is not None and self.enabled:
-            self.codes = {int(code) for code in settings.getlist("RETRY_HTTP_CODES")}
-            self.exceptions = tuple(
-                load_object(name) if isinstance(name, str) else name
-                for name in settings.getlist("RETRY_EXCEPTIONS")
-            )
-
-    def process_response(self, request: Request, response: Response) -> Request | Response:
-        if not self.enabled or request.meta.get("dont_retry") or response.status not in self.codes:
-            return response
-        return self._retry(request, response_status_message(response.status)) or response
-
-    def process_exception(self, request: Request, exception: Exception) -> Request | None:
-        if not self.enabled or request.meta.get("dont_retry"):
-            return None
-        if not isinstance(exception, self.exceptions):
-            return None
-        return self._retry(request, exception)
-
-    def _retry(self, request: Request, reason: str | Exception) -> Request | None:
-        spider = self.crawler.spider if self.crawler is not None else None
-        if spider is None:
-            return None
-        return get_retry_request(
-            request,
-            spider=spider,
-            reason=reason,
-            max_retry_times=request.meta.get("max_retry_times"),
-            priority_adjust=request.meta.get("priority_adjust"),
-        )
-
-
 class BanDetector:
-    """Signs that a site started refusing us while still answering: a jump in 403s,
-    challenge pages (``RELIABILITY_BAN_PATTERNS``, regular expressions matched
-    against the start of 200 bodies) and empty 200 bodies. A detected ban pauses
-    the domain for ``RELIABILITY_BAN_PAUSE_SECONDS`` and halves its rate; the
-    response is retried as throttled."""
+    """Signs that a site started refusing us while still answering: a jump in 403s
+    and challenge pages (``RELIABILITY_BAN_PATTERNS``, regular expressions matched
+    against the start of 200 bodies); empty HTML 200 bodies only with
+    ``RELIABILITY_BAN_EMPTY_BODY`` (an empty 200 is a normal answer of many APIs and
+    pings). A detected ban pauses the domain for ``RELIABILITY_BAN_PAUSE_SECONDS``
+    and halves its rate; the response is retried as throttled where the project's
+    retry rules allow (see :class:`RetryMiddleware`)."""
 
     WINDOW = 20
     MIN_403 = 5
@@ -296,10 +382,12 @@ class BanDetector:
         patterns: list[re.Pattern[bytes]] | None = None,
         pause_seconds: float = 60.0,
         share_403: float = 0.5,
+        empty_body: bool = False,
     ):
         self.patterns = patterns or []
         self.pause_seconds = pause_seconds
         self.share_403 = share_403
+        self.empty_body = empty_body
         self._recent: dict[str, deque[int]] = defaultdict(lambda: deque(maxlen=self.WINDOW))
 
     @classmethod
@@ -333,7 +421,8 @@ class BanDetector:
             raise SettingError(
                 "RELIABILITY_BAN_403_SHARE must be a number greater than 0 and at most 1 (got 0)."
             )
-        return cls(patterns, pause, share)
+        empty = bool_setting(settings, "RELIABILITY_BAN_EMPTY_BODY", False)
+        return cls(patterns, pause, share, empty)
 
     def check(self, domain: str, response: Response) -> str | None:
         """The ban signal this response shows, if any."""
@@ -348,6 +437,8 @@ class BanDetector:
             return None
         body = response.body
         if not body:
+            if not self.empty_body:
+                return None
             kind = response.headers.get(b"Content-Type", b"text/html") or b"text/html"
             return "empty_body" if b"html" in kind.lower() else None
         head = body[:65536]

@@ -16,30 +16,45 @@ Four named classes decide what happens to a failed request:
 ``cancelled``
     The crawl stopped; not a failure of the request (never dead-lettered).
 
+Whether a failure is retried at all, and how many times, is what Scrapy's own
+settings say (``RETRY_ENABLED``, ``RETRY_TIMES``, ``RETRY_HTTP_CODES``,
+``RETRY_EXCEPTIONS``, the ``dont_retry`` and ``max_retry_times`` meta keys): the
+classes decide what a failure is and when its retry may run, never that a project
+gets more retries than Scrapy would give it. See :meth:`RetryPolicy.judge_status`.
+
 The policy only decides; the retry middleware and the scheduler carry it out.
 """
 
 from __future__ import annotations
 
-import datetime
-import email.utils
 import enum
 import math
 import random
 import re
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from scrapy.settings import BaseSettings
+from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings, default_settings
+from scrapy.utils.python import global_object_name
 
-from scrapy_reliability.scheduling.meta import RETRY_OVERRIDES
+# Re-exported: imported from here before retry_after.py held them.
+from scrapy_reliability.retry_after import (  # noqa: F401
+    MAX_RETRY_AFTER_SECONDS,
+    RetryAfter,
+    parse_retry_after,
+)
+from scrapy_reliability.scheduling.meta import MAX_ATTEMPTS_META, RETRY_OVERRIDES
 from scrapy_reliability.settings_values import (
     SettingError,
+    bool_setting,
+    exception_classes,
+    listed,
     mapping_setting,
     nonnegative_float,
     positive_int,
+    status_codes,
+    whole_number,
 )
 
 
@@ -64,8 +79,18 @@ DEFAULT_STATUS_CLASSES: Mapping[int, ErrorClass] = {
     429: ErrorClass.THROTTLED,
 }
 
-# Exceptions by class name, so that optional modules need not be imported.
-_PERMANENT_EXCEPTIONS = frozenset({"DNSLookupError", "NoRouteError", "NotSupported"})
+# Exceptions by class name, so that optional modules need not be imported. Scrapy 2.14
+# and later wrap Twisted's: CannotResolveHostError is DNSLookupError,
+# UnsupportedURLSchemeError is NotSupported.
+_PERMANENT_EXCEPTIONS = frozenset(
+    {
+        "DNSLookupError",
+        "CannotResolveHostError",
+        "NoRouteError",
+        "NotSupported",
+        "UnsupportedURLSchemeError",
+    }
+)
 _CANCELLED_EXCEPTIONS = frozenset({"CancelledError"})
 
 # Playwright (scrapy-playwright's browser requests) raises ``Error`` and its subclasses
@@ -138,85 +163,75 @@ class Decision:
     delay: float = 0.0
     #: Why, for logs and the dead letter.
     reason: str = ""
+    #: A burial because the request used up its attempts (Scrapy's "Gave up
+    #: retrying", ``retry/max_reached``), not because it may not be retried at all.
+    exhausted: bool = False
 
 
 @dataclass(frozen=True)
-class RetryAfter:
-    """A parsed Retry-After header: ``seconds`` from now, or ``invalid`` with why."""
+class Verdict:
+    """One failed attempt as the project's retry rules see it."""
 
-    seconds: float | None
-    invalid: str | None = None
-
-
-#: The last moment an HTTP-date can name (9999-12-31 23:59:59 GMT), in seconds since
-#: the epoch. No Retry-After, in either form, can mean a longer wait than this; a
-#: delta-seconds beyond it is a broken server, not a request to come back in 3,000 years.
-MAX_RETRY_AFTER_SECONDS = 253_402_300_799
-_MAX_DIGITS = len(str(MAX_RETRY_AFTER_SECONDS))
-_ASCII_DIGITS = re.compile(r"[0-9]+")
-_SHOWN = 60
+    #: Its class; None when it is no failure (a 200, a status the spider handles...).
+    error_class: ErrorClass | None
+    #: Why the rules never retry it (a status not in RETRY_HTTP_CODES...), for the
+    #: dead letter; None when they retry it within its attempts.
+    final: str | None = None
 
 
-def parse_retry_after(value: bytes | str | None, *, now: float | None = None) -> RetryAfter:
-    """Parse delta-seconds or an HTTP-date (RFC 9110 section 10.2.3); never raises.
+_RETRIED_CLASSES = (ErrorClass.TRANSIENT, ErrorClass.THROTTLED)
 
-    ``seconds`` is always finite, non-negative and at most
-    :data:`MAX_RETRY_AFTER_SECONDS`. Anything else is ``invalid`` (the caller falls
-    back to the backoff): garbage, signs, non-ASCII digits (delta-seconds is ASCII
-    digits only), more seconds than any HTTP-date is away, dates in the past or out
-    of range. A missing header is ``RetryAfter(None)``. A date without a zone (the
-    obsolete asctime form) is GMT, as every HTTP-date is.
-    """
-    if value is None:
-        return RetryAfter(None)
-    # latin-1 maps every byte to a character: no header value can fail to decode.
-    text = value.decode("latin-1") if isinstance(value, bytes) else value
-    text = text.strip(" \t\r\n")
-    shown = repr(text[:_SHOWN])
-    if not text:
-        return RetryAfter(None, "empty")
-    if _ASCII_DIGITS.fullmatch(text):
-        # Leading zeros are allowed; counting digits first keeps int() away from
-        # thousands of digits (ValueError past sys.get_int_max_str_digits()).
-        digits = text.lstrip("0") or "0"
-        if len(digits) > _MAX_DIGITS or int(digits) > MAX_RETRY_AFTER_SECONDS:
-            return RetryAfter(
-                None, f"{len(digits)}-digit number of seconds, further away than any date"
-            )
-        return RetryAfter(float(int(digits)))
-    if not text.isascii():
-        return RetryAfter(None, f"not ASCII ({shown})")
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=datetime.timezone.utc)
-        wait = when.timestamp() - (time.time() if now is None else now)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        # The standard library's date parser raises any of these on garbage.
-        return RetryAfter(None, f"not a number of seconds or an HTTP date ({shown})")
-    if not math.isfinite(wait) or wait < 0:
-        return RetryAfter(None, f"a date in the past ({shown})")
-    return RetryAfter(min(wait, float(MAX_RETRY_AFTER_SECONDS)))
+
+def _scrapy_retry_exceptions() -> tuple[type[BaseException], ...]:
+    return exception_classes("RETRY_EXCEPTIONS", default_settings.RETRY_EXCEPTIONS)
+
+
+#: The settings that may bound a request's attempts, as a give-up names them.
+_ATTEMPT_LIMITS = {
+    "RETRY_TIMES": "RETRY_TIMES = {retries}",
+    "RELIABILITY_MAX_ATTEMPTS": "RELIABILITY_MAX_ATTEMPTS = {attempts}",
+    "max_retry_times": "meta max_retry_times = {retries}",
+    MAX_ATTEMPTS_META: f"meta {MAX_ATTEMPTS_META} = {{attempts}}",
+}
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """Classifies failures and decides retry or bury.
 
-    ``max_attempts`` counts every attempt, the first included. Backoff is
-    exponential with full jitter: a uniform draw in ``[0, min(backoff_max,
-    backoff_base * 2 ** (attempt - 1))]``. A Retry-After longer than
-    ``retry_after_max`` dead-letters the request as throttled rather than park
-    it silently.
+    ``max_attempts`` counts every attempt, the first included: Scrapy's
+    ``RETRY_TIMES`` + 1 (or ``RELIABILITY_MAX_ATTEMPTS``, see :meth:`from_settings`).
+    Which failures are retried at all is Scrapy's rules: ``retry_enabled``
+    (``RETRY_ENABLED``, and ``dont_retry`` per request), ``retry_http_codes`` and
+    ``retry_exceptions`` (see :meth:`judge_status` and :meth:`judge_exception`).
+    Backoff is exponential with full jitter: a uniform draw in ``[0,
+    min(backoff_max, backoff_base * 2 ** (attempt - 1))]``. A Retry-After longer
+    than ``retry_after_max`` dead-letters the request as throttled rather than
+    park it silently.
     """
 
-    max_attempts: int = 5
+    max_attempts: int = default_settings.RETRY_TIMES + 1
     backoff_base: float = 1.0
     backoff_max: float = 60.0
     retry_after_max: float = 600.0
     status_classes: Mapping[int, ErrorClass] = field(
         default_factory=lambda: dict(DEFAULT_STATUS_CLASSES)
     )
+    #: What set ``max_attempts`` (a key of ``_ATTEMPT_LIMITS``), named by a give-up.
+    attempts_from: str = "RETRY_TIMES"
+    #: ``RETRY_ENABLED`` (and ``dont_retry`` per request): False, no failure is retried.
+    retry_enabled: bool = True
+    #: Why retries are off, for the dead letter.
+    disabled_by: str = ""
+    #: ``RETRY_HTTP_CODES``: the statuses retried.
+    retry_http_codes: frozenset[int] = frozenset(default_settings.RETRY_HTTP_CODES)
+    #: ``RETRY_EXCEPTIONS``: the download exceptions retried.
+    retry_exceptions: tuple[type[BaseException], ...] = field(
+        default_factory=_scrapy_retry_exceptions
+    )
+    #: The statuses ``RELIABILITY_STATUS_CLASSES`` classes: their class, not
+    #: ``RETRY_HTTP_CODES``, says whether they are retried.
+    configured_statuses: frozenset[int] = frozenset()
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> RetryPolicy:
@@ -227,6 +242,7 @@ class RetryPolicy:
             "a dict of HTTP status codes to error classes, e.g. {404: 'transient', 418: 'ok'}",
         )
         valid = {c.value for c in ErrorClass} | {"ok"}
+        configured = set()
         for raw_status, raw_class in overrides.items():
             try:
                 status = int(raw_status)
@@ -243,13 +259,17 @@ class RetryPolicy:
                     f"RELIABILITY_STATUS_CLASSES[{status}] must be one of "
                     f"{', '.join(sorted(valid))} (got {raw_class!r})."
                 )
+            configured.add(status)
             if name == "ok":
                 classes.pop(status, None)
                 classes[status] = _OK
             else:
                 classes[status] = ErrorClass(name)
+        max_attempts, attempts_from = _attempts(settings)
+        enabled = bool_setting(settings, "RETRY_ENABLED", True)
         policy = cls(
-            max_attempts=positive_int(settings, "RELIABILITY_MAX_ATTEMPTS", cls.max_attempts),
+            max_attempts=max_attempts,
+            attempts_from=attempts_from,
             backoff_base=nonnegative_float(
                 settings, "RELIABILITY_BACKOFF_BASE_SECONDS", cls.backoff_base
             ),
@@ -260,6 +280,19 @@ class RetryPolicy:
                 settings, "RELIABILITY_RETRY_AFTER_MAX_SECONDS", cls.retry_after_max
             ),
             status_classes=classes,
+            retry_enabled=enabled,
+            disabled_by="" if enabled else "RETRY_ENABLED = False",
+            retry_http_codes=status_codes(
+                settings, "RETRY_HTTP_CODES", default_settings.RETRY_HTTP_CODES
+            ),
+            # Loaded only when used, as Scrapy's RetryMiddleware loads them.
+            retry_exceptions=exception_classes(
+                "RETRY_EXCEPTIONS",
+                listed(settings, "RETRY_EXCEPTIONS", default_settings.RETRY_EXCEPTIONS)
+                if enabled
+                else (),
+            ),
+            configured_statuses=frozenset(configured),
         )
         if policy.backoff_max < policy.backoff_base:
             raise SettingError(
@@ -269,20 +302,21 @@ class RetryPolicy:
         return policy
 
     def with_overrides(self, meta: Mapping[str, Any]) -> RetryPolicy:
-        """This policy with a request's ``reliability_*`` meta overrides applied."""
+        """This policy for one request: its ``reliability_*`` meta overrides and
+        Scrapy's ``dont_retry`` and ``max_retry_times`` (``reliability_max_attempts``
+        wins over ``max_retry_times`` when a request has both)."""
         changes: dict[str, Any] = {}
+        if meta.get("dont_retry") and self.retry_enabled:
+            changes.update(retry_enabled=False, disabled_by="dont_retry")
+        retries = meta.get("max_retry_times")
+        if retries is not None:
+            changes.update(max_attempts=max(int(retries), 0) + 1, attempts_from="max_retry_times")
         for key, attr, kind in RETRY_OVERRIDES:
             if meta.get(key) is not None:
                 changes[attr] = kind(meta[key])
-        if not changes:
-            return self
-        return RetryPolicy(
-            max_attempts=changes.get("max_attempts", self.max_attempts),
-            backoff_base=changes.get("backoff_base", self.backoff_base),
-            backoff_max=changes.get("backoff_max", self.backoff_max),
-            retry_after_max=changes.get("retry_after_max", self.retry_after_max),
-            status_classes=self.status_classes,
-        )
+                if attr == "max_attempts":
+                    changes["attempts_from"] = key
+        return replace(self, **changes) if changes else self
 
     def classify_status(self, status: int, *, has_retry_after: bool = False) -> ErrorClass | None:
         """The class of an HTTP status, or None when it is not a failure."""
@@ -299,6 +333,30 @@ class RetryPolicy:
             return ErrorClass.TRANSIENT
         return None
 
+    def judge_status(self, status: int, *, has_retry_after: bool = False) -> Verdict:
+        """A response's status under the project's rules.
+
+        A status in ``RETRY_HTTP_CODES`` is retried, as Scrapy retries it (a
+        permanent one there, such as a 404 a project lists, counts as transient);
+        one not in it is not, and when it is a failure its request is dead-lettered
+        with its class at once. ``RELIABILITY_STATUS_CLASSES`` decides over both for
+        the statuses it names: transient or throttled are retried, permanent never,
+        ``ok`` is no failure.
+        """
+        error_class = self.classify_status(status, has_retry_after=has_retry_after)
+        if status in self.configured_statuses:
+            if error_class is None or error_class in _RETRIED_CLASSES:
+                return Verdict(error_class)
+            return Verdict(
+                error_class, f"RELIABILITY_STATUS_CLASSES makes {status} {error_class.value}"
+            )
+        if status in self.retry_http_codes:
+            retried = error_class if error_class in _RETRIED_CLASSES else ErrorClass.TRANSIENT
+            return Verdict(retried)
+        if error_class is None or error_class is ErrorClass.PERMANENT:
+            return Verdict(error_class, None if error_class is None else "permanent error")
+        return Verdict(error_class, f"{status} is not in RETRY_HTTP_CODES")
+
     def classify_exception(self, exc: BaseException) -> ErrorClass:
         """The class of a download exception: Twisted's and Scrapy's by class name,
         Playwright's (browser requests) by :func:`classify_playwright_error`."""
@@ -307,9 +365,31 @@ class RetryPolicy:
             return ErrorClass.CANCELLED
         if names & _PERMANENT_EXCEPTIONS:
             return ErrorClass.PERMANENT
-        if type(exc).__module__.partition(".")[0] == "playwright":
+        if _from_browser(exc):
             return classify_playwright_error(str(exc))
         return ErrorClass.TRANSIENT
+
+    def judge_exception(self, exc: BaseException) -> Verdict:
+        """A download exception under the project's rules.
+
+        One in ``RETRY_EXCEPTIONS`` is retried, as Scrapy retries it (an unknown host
+        name among them, as in Scrapy's default list, counts as transient); one not
+        in it is dead-lettered with its class at once. Browser (Playwright) errors
+        are named in no Scrapy setting, since no Scrapy download handler raises them:
+        a transient one (a navigation timeout, a reset, a crashed page) is retried as
+        a network error would be.
+        """
+        error_class = self.classify_exception(exc)
+        if error_class is ErrorClass.CANCELLED:
+            return Verdict(error_class)
+        if isinstance(exc, self.retry_exceptions):
+            retried = error_class if error_class in _RETRIED_CLASSES else ErrorClass.TRANSIENT
+            return Verdict(retried)
+        if error_class is ErrorClass.PERMANENT:
+            return Verdict(error_class, "permanent error")
+        if _from_browser(exc):
+            return Verdict(error_class)
+        return Verdict(error_class, f"{global_object_name(type(exc))} is not in RETRY_EXCEPTIONS")
 
     def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
         """Full-jitter delay before attempt ``attempt + 1`` (``attempt`` >= 1)."""
@@ -317,24 +397,39 @@ class RetryPolicy:
         window = min(self.backoff_max, self.backoff_base * math.pow(2, exponent))
         return (rng or random).uniform(0, window)
 
+    def attempts_limit(self) -> str:
+        """The setting or meta key that bounds the attempts, with its value."""
+        text = _ATTEMPT_LIMITS.get(self.attempts_from, "{attempts} attempts")
+        return text.format(attempts=self.max_attempts, retries=self.max_attempts - 1)
+
     def decide(
         self,
         error_class: ErrorClass,
         attempts: int,
         *,
         retry_after: float | None = None,
+        final: str | None = None,
         rng: random.Random | None = None,
     ) -> Decision:
-        """Decide after ``attempts`` attempts (this failed one included)."""
-        if error_class is ErrorClass.PERMANENT:
-            return Decision(Action.BURY, error_class, reason="permanent error")
+        """Decide after ``attempts`` attempts (this failed one included). ``final``:
+        why the project's rules never retry this failure (see :class:`Verdict`)."""
         if error_class is ErrorClass.CANCELLED:
             return Decision(Action.RELEASE, error_class, reason="cancelled")
+        if error_class is ErrorClass.PERMANENT:
+            return Decision(Action.BURY, error_class, reason=final or "permanent error")
+        if not self.retry_enabled:
+            return Decision(Action.BURY, error_class, reason=f"not retried: {self.disabled_by}")
+        if final is not None:
+            return Decision(Action.BURY, error_class, reason=f"not retried: {final}")
         if attempts >= self.max_attempts:
             return Decision(
                 Action.BURY,
                 error_class,
-                reason=f"gave up after {attempts} attempts (RELIABILITY_MAX_ATTEMPTS)",
+                reason=(
+                    f"gave up after {attempts} attempt{'' if attempts == 1 else 's'} "
+                    f"({self.attempts_limit()})"
+                ),
+                exhausted=True,
             )
         if retry_after is not None and not retry_after >= 0:
             retry_after = None  # NaN or negative: no wait asked for; back off instead
@@ -350,6 +445,44 @@ class RetryPolicy:
                 )
             return Decision(Action.RETRY, error_class, retry_after, "Retry-After")
         return Decision(Action.RETRY, error_class, self.backoff(attempts, rng), "backoff")
+
+
+def _attempts(settings: BaseSettings) -> tuple[int, str]:
+    """Attempts per request, the first included, and the setting that says so.
+
+    Scrapy's ``RETRY_TIMES`` (retries after the first attempt; 2 by default) unless
+    ``RELIABILITY_MAX_ATTEMPTS`` is set at a higher priority (say ``-s`` over the
+    project). Both set at the same priority must agree.
+    """
+    retries = max(
+        whole_number(
+            settings,
+            "RETRY_TIMES",
+            default_settings.RETRY_TIMES,
+            "a whole number of retries after the first attempt (0: none)",
+        ),
+        0,  # Scrapy retries nothing for a negative RETRY_TIMES
+    )
+    ours = settings.getpriority("RELIABILITY_MAX_ATTEMPTS")
+    if ours is None or settings.get("RELIABILITY_MAX_ATTEMPTS") is None:
+        return retries + 1, "RETRY_TIMES"
+    attempts = positive_int(settings, "RELIABILITY_MAX_ATTEMPTS", retries + 1)
+    theirs = settings.getpriority("RETRY_TIMES") or 0
+    if theirs > ours:
+        return retries + 1, "RETRY_TIMES"
+    if theirs == ours and attempts != retries + 1:
+        where = next((n for n, p in SETTINGS_PRIORITIES.items() if p == ours), str(ours))
+        raise SettingError(
+            f"RETRY_TIMES = {retries} ({retries + 1} attempts) and RELIABILITY_MAX_ATTEMPTS "
+            f"= {attempts} are both set at {where!r} priority and disagree; keep one "
+            "(RETRY_TIMES counts the retries after the first attempt)."
+        )
+    return attempts, "RELIABILITY_MAX_ATTEMPTS"
+
+
+def _from_browser(exc: BaseException) -> bool:
+    """A Playwright error (scrapy-playwright's browser requests)."""
+    return type(exc).__module__.partition(".")[0] == "playwright"
 
 
 # Marks a status configured as "ok" (not a failure) in status_classes.

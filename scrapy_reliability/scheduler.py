@@ -23,7 +23,6 @@ Contract with the engine (see :class:`scrapy.core.scheduler.BaseScheduler`):
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider, signals
@@ -189,11 +188,16 @@ class Scheduler(BaseScheduler):
         or redirect) reschedules its row. A new one is refused if known (this
         process's recent keys), kept as a ``refused`` dead letter if it cannot be
         stored, else buffered for the next write (insert-or-ignore on its key; a
-        duplicate only the database knows is counted when the write lands)."""
+        duplicate only the database knows is counted when the write lands). A link
+        to the page of a start request this run yielded has that start request's
+        key, so it is a duplicate of its row."""
         if self._session.job_finished:
             return False
         if self.retry_pass is not None and request.meta.get("is_start_request"):
-            # A retry pass crawls the dead letters and what they lead to, not the start.
+            # A retry pass crawls the dead letters and what they lead to, not the start
+            # (whose pages it knows: a link to one is a duplicate).
+            if request.dont_filter:
+                self.dupefilter.start_pages.add(self.dupefilter.key(request))
             return False
         task_id = request.meta.get(TASK_META)
         if task_id is not None:
@@ -204,7 +208,9 @@ class Scheduler(BaseScheduler):
             del request.meta[TASK_META]
         spider = self._ctx.spider
         assert spider is not None
-        key = self._key_for(request)
+        job = self._ctx.job
+        adopted = job is not None and job.adopted
+        key = self.dupefilter.row_key(request, self._writes.requests, adopted=adopted)
         # Most links of a crawl are duplicates: drop them before serializing anything.
         if key in self.dupefilter.recent or key in self._writes.requests:
             self.dupefilter.log(request, spider)
@@ -237,22 +243,6 @@ class Scheduler(BaseScheduler):
         )
         self._writes.insert(row, request)
         return True
-
-    def _key_for(self, request: Request) -> str:
-        fingerprint = self.dupefilter.key(request)
-        if not request.dont_filter:
-            return fingerprint
-        if request.meta.get("is_start_request"):
-            # Deterministic across runs, so a resumed job does not fetch its start
-            # requests again; the same start URL twice in one run is the n-th copy.
-            key = f"s:{fingerprint}"
-            n = 0
-            while key in self.dupefilter.recent or key in self._writes.requests:
-                n += 1
-                key = f"s:{fingerprint}:{n}"
-            return key
-        # dont_filter=True still gets a row, under a key of its own.
-        return f"u:{uuid.uuid4().hex}"
 
     def next_request(self) -> Request | None:
         """A claimed request whose download slot has room, or None (and a claim

@@ -1,5 +1,5 @@
 """How one setting's value is read and checked: numbers within bounds, booleans,
-dicts, lists of strings.
+dicts, lists of strings, and Scrapy's own lists (status codes, exception classes).
 
 Each parser takes the setting's name and raises :class:`SettingError` naming it and
 what it accepts, never a bare Python error. :mod:`scrapy_reliability.config` and
@@ -13,7 +13,7 @@ import json
 import math
 import numbers
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from scrapy.settings import BaseSettings
@@ -58,6 +58,15 @@ def positive_int(
 ) -> int:
     """A whole number, 1 or more (and at most ``maximum``)."""
     return _int_in(name, _raw(settings, name, default), "a whole number", 1, maximum)
+
+
+def whole_number(settings: BaseSettings, name: str, default: int, accepts: str) -> int:
+    """A whole number of either sign (an int, an integral float, a string of digits)."""
+    raw = _raw(settings, name, default)
+    value = _whole_or_none(raw)
+    if value is None:
+        raise _error(name, accepts, raw)
+    return value
 
 
 def _nonnegative_int(
@@ -197,3 +206,56 @@ def missing_extra(
         f"{needs}, but {package} is not installed ({error}): "
         f"pip install 'scrapy-reliability[{extra}]', or {instead}."
     )
+
+
+# -- Scrapy's own list settings, read as Scrapy reads them ------------------------------------
+
+
+def listed(settings: BaseSettings, name: str, default: list[Any]) -> list[Any]:
+    """A list setting as Scrapy's ``getlist`` reads it (``-s`` gives 'a,b'; '' is none)."""
+    value = settings.get(name)
+    if value is None:
+        return list(default)
+    if not value:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",")]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    raise _error(name, "a list", value)
+
+
+def status_codes(settings: BaseSettings, name: str, default: list[int]) -> frozenset[int]:
+    """HTTP status codes: a list, or ``'500,503'`` as ``-s`` gives it ('' for none)."""
+    codes = set()
+    for value in listed(settings, name, default):
+        code = _whole_or_none(value)
+        if code is None or not 100 <= code <= 599:
+            raise _error(
+                name,
+                f"a list of HTTP status codes from 100 to 599, e.g. [500, 503] "
+                f"(-s {name}=500,503; empty for none); one is {_shown(value)}",
+                settings.get(name),
+            )
+        codes.add(code)
+    return frozenset(codes)
+
+
+def exception_classes(name: str, values: Iterable[Any]) -> tuple[type[BaseException], ...]:
+    """Exception classes from classes or their import paths, as Scrapy loads them."""
+    from scrapy.utils.misc import load_object
+
+    loaded = []
+    for value in values:
+        try:
+            obj = load_object(value) if isinstance(value, str) else value
+        except (ImportError, ValueError, NameError, AttributeError) as exc:
+            raise SettingError(
+                f"{name} names {_shown(value)}, which cannot be imported ({exc}); give "
+                "exception classes or their import paths, e.g. "
+                "'twisted.internet.error.ConnectionLost'."
+            ) from None
+        if not (isinstance(obj, type) and issubclass(obj, BaseException)):
+            raise _error(name, "a list of exception classes or their import paths", value)
+        loaded.append(obj)
+    return tuple(loaded)

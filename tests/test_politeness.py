@@ -447,12 +447,15 @@ def test_ban_signals():
     assert detector.check("a.test", response(200, b"<p>Please verify you are HUMAN</p>")) == (
         "challenge"
     )
-    assert detector.check("a.test", response(200, b"")) == "empty_body"
-    # An empty JSON answer is not a ban.
+    # An empty 200 is a normal answer (an API ping): a ban signal only when asked for.
+    assert detector.check("a.test", response(200, b"")) is None
+    asked = BanDetector.from_settings(Settings({"RELIABILITY_BAN_EMPTY_BODY": True}))
+    assert asked.check("a.test", response(200, b"")) == "empty_body"
+    # An empty JSON answer is not a ban even then.
     empty_json = TextResponse(
         "http://a.test/api", status=200, body=b"", headers={"Content-Type": "application/json"}
     )
-    assert detector.check("a.test", empty_json) is None
+    assert asked.check("a.test", empty_json) is None
     # 403s: a few are normal, a jump is a ban; per domain.
     for _ in range(4):
         assert detector.check("b.test", response(403)) is None

@@ -42,6 +42,7 @@ from scrapy_reliability.retry import (
     Action,
     ErrorClass,
     RetryPolicy,
+    Verdict,
     parse_retry_after,
 )
 
@@ -138,8 +139,12 @@ def test_decide():
     assert policy.decide(ErrorClass.TRANSIENT, 1).action is Action.RETRY
     assert policy.decide(ErrorClass.TRANSIENT, 2).action is Action.RETRY
     last = policy.decide(ErrorClass.TRANSIENT, 3)
-    assert last.action is Action.BURY
-    assert "RELIABILITY_MAX_ATTEMPTS" in last.reason
+    assert (last.action, last.exhausted) == (Action.BURY, True)
+    # The give-up names what bounds the attempts: Scrapy's RETRY_TIMES unless the
+    # project set RELIABILITY_MAX_ATTEMPTS over it.
+    assert "RETRY_TIMES = 2" in last.reason
+    ours = RetryPolicy(max_attempts=3, attempts_from="RELIABILITY_MAX_ATTEMPTS")
+    assert "RELIABILITY_MAX_ATTEMPTS = 3" in ours.decide(ErrorClass.TRANSIENT, 3).reason
     honoured = policy.decide(ErrorClass.THROTTLED, 1, retry_after=30)
     assert (honoured.action, honoured.delay) == (Action.RETRY, 30)
     parked = policy.decide(ErrorClass.THROTTLED, 1, retry_after=3600)
@@ -419,6 +424,176 @@ def test_requests_outside_the_frontier_are_left_alone_with_retry_disabled() -> N
     response = _answer(request, 503, [])
     assert middleware.process_response(request, response) is response
     assert middleware.process_exception(request, TimeoutError()) is None
+
+
+# -- Scrapy's retry settings decide what is retried -------------------------------------------
+
+
+def _policy(**settings: Any) -> RetryPolicy:
+    return RetryPolicy.from_settings(Settings(settings))
+
+
+def test_retry_http_codes_decide_which_statuses_are_retried() -> None:
+    default = _policy()
+    assert default.judge_status(503).final is None
+    # Failures all the same, not retried by stock Scrapy: dead letters at once.
+    assert default.judge_status(501) == Verdict(
+        ErrorClass.TRANSIENT, "501 is not in RETRY_HTTP_CODES"
+    )
+    assert default.judge_status(425).final == "425 is not in RETRY_HTTP_CODES"
+    assert default.judge_status(404) == Verdict(ErrorClass.PERMANENT, "permanent error")
+    assert default.judge_status(200) == Verdict(None)
+    none = _policy(RETRY_HTTP_CODES="")  # -s RETRY_HTTP_CODES=
+    assert none.judge_status(503).final == "503 is not in RETRY_HTTP_CODES"
+    assert none.judge_status(429, has_retry_after=True).error_class is ErrorClass.THROTTLED
+    # A project that lists a 404 retries it, as stock Scrapy does: as transient.
+    listed = _policy(RETRY_HTTP_CODES="404,503")
+    assert listed.judge_status(404) == Verdict(ErrorClass.TRANSIENT)
+    assert listed.judge_status(500).final == "500 is not in RETRY_HTTP_CODES"
+    # RELIABILITY_STATUS_CLASSES decides over RETRY_HTTP_CODES for what it names.
+    classed = _policy(RELIABILITY_STATUS_CLASSES={404: "transient", 503: "permanent", 500: "ok"})
+    assert classed.judge_status(404) == Verdict(ErrorClass.TRANSIENT)
+    assert classed.judge_status(503).final == "RELIABILITY_STATUS_CLASSES makes 503 permanent"
+    assert classed.judge_status(500) == Verdict(None)
+
+
+def test_retry_exceptions_decide_which_download_errors_are_retried() -> None:
+    from scrapy.exceptions import CannotResolveHostError
+
+    default = _policy()
+    # Scrapy's default list has the unknown host name: retried, as transient.
+    assert default.judge_exception(CannotResolveHostError()) == Verdict(ErrorClass.TRANSIENT)
+    assert default.judge_exception(ConnectionRefusedError()) == Verdict(ErrorClass.TRANSIENT)
+    assert default.judge_exception(CancelledError()) == Verdict(ErrorClass.CANCELLED)
+    odd = default.judge_exception(KeyError("x"))
+    assert odd == Verdict(ErrorClass.TRANSIENT, "builtins.KeyError is not in RETRY_EXCEPTIONS")
+    narrow = _policy(RETRY_EXCEPTIONS="twisted.internet.error.ConnectionLost")
+    assert narrow.judge_exception(CannotResolveHostError()) == Verdict(
+        ErrorClass.PERMANENT, "permanent error"
+    )
+    assert narrow.judge_exception(DNSLookupError()).error_class is ErrorClass.PERMANENT
+    assert narrow.judge_exception(TimeoutError()).final is not None
+
+
+def test_attempts_follow_retry_times_unless_reliability_max_attempts_is_set_above_it() -> None:
+    assert (_policy().max_attempts, _policy().attempts_from) == (3, "RETRY_TIMES")
+    assert _policy(RETRY_TIMES=0).max_attempts == 1
+    assert _policy(RETRY_TIMES=-1).max_attempts == 1  # stock retries nothing then
+    ours = _policy(RELIABILITY_MAX_ATTEMPTS=5)
+    assert (ours.max_attempts, ours.attempts_from) == (5, "RELIABILITY_MAX_ATTEMPTS")
+    assert _policy(RELIABILITY_MAX_ATTEMPTS=3, RETRY_TIMES=2).max_attempts == 3
+    settings = Settings({"RELIABILITY_MAX_ATTEMPTS": 5})
+    settings.set("RETRY_TIMES", 1, "cmdline")
+    assert RetryPolicy.from_settings(settings).max_attempts == 2
+    settings = Settings({"RETRY_TIMES": 1})
+    settings.set("RELIABILITY_MAX_ATTEMPTS", 5, "cmdline")
+    assert RetryPolicy.from_settings(settings).max_attempts == 5
+    with pytest.raises(SettingError, match=r"RETRY_TIMES = 1 .*RELIABILITY_MAX_ATTEMPTS = 5"):
+        _policy(RETRY_TIMES=1, RELIABILITY_MAX_ATTEMPTS=5)
+    # Per request: max_retry_times, and reliability_max_attempts over it.
+    per_request = _policy().with_overrides({"max_retry_times": 0})
+    assert per_request.max_attempts == 1
+    assert "meta max_retry_times = 0" in per_request.decide(ErrorClass.TRANSIENT, 1).reason
+    both = _policy().with_overrides({"max_retry_times": 0, "reliability_max_attempts": 4})
+    assert both.max_attempts == 4
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"RETRY_TIMES": "twice"}, "RETRY_TIMES"),
+        ({"RETRY_HTTP_CODES": "[]"}, "RETRY_HTTP_CODES"),
+        ({"RETRY_HTTP_CODES": [503, 1000]}, "RETRY_HTTP_CODES"),
+        ({"RETRY_EXCEPTIONS": ["no.such.Error"]}, "RETRY_EXCEPTIONS"),
+        ({"RETRY_EXCEPTIONS": ["scrapy.Request"]}, "RETRY_EXCEPTIONS"),
+        ({"RETRY_ENABLED": "maybe"}, "RETRY_ENABLED"),
+    ],
+)
+def test_bad_scrapy_retry_settings_name_the_setting(settings: dict[str, Any], named: str) -> None:
+    with pytest.raises(SettingError, match=named):
+        RetryPolicy.from_settings(Settings(settings))
+
+
+def test_retries_disabled_or_dont_retry_make_a_failure_final_at_once() -> None:
+    for crawler, meta in (
+        (_crawler(RETRY_ENABLED=False), {}),
+        (_crawler(), {"dont_retry": True}),
+    ):
+        middleware = RetryMiddleware.from_crawler(crawler)
+        assert crawler.stats is not None
+        request = _frontier_request()
+        request.meta.update(meta)
+        response = _answer(request, 503, [])
+        assert middleware.process_response(request, response) is response
+        failure = failure_of(request)
+        assert failure is not None
+        assert failure["error_class"] == "transient"
+        assert "not retried: " in failure["error"]
+        refused = _frontier_request()
+        refused.meta.update(meta)
+        assert middleware.process_exception(refused, ConnectionRefusedError()) is None
+        assert failure_of(refused) is not None
+        # Stock Scrapy counts nothing for a request it does not retry.
+        stats = crawler.stats.get_stats()
+        assert not [k for k in stats if k.startswith("retry/")], stats
+
+
+def test_scrapys_stats_count_each_retry_and_give_up() -> None:
+    crawler = _crawler(RETRY_TIMES=1, RETRY_PRIORITY_ADJUST=-3)
+    middleware = RetryMiddleware.from_crawler(crawler)
+    assert crawler.stats is not None
+    request = _frontier_request()
+    retry = middleware.process_response(request, _answer(request, 503, []))
+    assert isinstance(retry, Request)
+    assert (retry.meta["retry_times"], retry.priority, retry.dont_filter) == (1, -3, True)
+    # The next attempt as the scheduler hands it out: its row has one failed attempt.
+    again = retry.replace(meta={**retry.meta, ATTEMPTS_META: 1})
+    del again.meta[RETRY_META]
+    response = _answer(again, 503, [])
+    assert middleware.process_response(again, response) is response
+    assert failure_of(again) is not None
+    assert crawler.stats.get_stats()["retry/count"] == 1
+    assert crawler.stats.get_value("retry/reason_count/503 Service Unavailable") == 1
+    assert crawler.stats.get_value("retry/max_reached") == 1
+
+
+def test_a_status_the_spider_handles_is_retried_then_handed_over_not_dead_lettered() -> None:
+    crawler = _crawler(RETRY_TIMES=1)
+    middleware = RetryMiddleware.from_crawler(crawler)
+    request = _frontier_request()
+    request.meta["handle_httpstatus_list"] = [503, 404]
+    assert isinstance(middleware.process_response(request, _answer(request, 503, [])), Request)
+    request.meta[ATTEMPTS_META] = 1
+    last = _answer(request, 503, [])
+    assert middleware.process_response(request, last) is last
+    assert failure_of(request) is None
+    not_found = _answer(request, 404, [])
+    assert middleware.process_response(request, not_found) is not_found
+    assert failure_of(request) is None
+
+
+def test_a_jump_in_403s_pauses_the_domain_without_retrying_the_403s() -> None:
+    crawler = _crawler(RELIABILITY_BAN_PAUSE_SECONDS=30)
+    middleware = RetryMiddleware.from_crawler(crawler)
+    request = _frontier_request()
+    for _ in range(4):
+        middleware.process_response(request, _answer(request, 403, []))
+    before = time.time()
+    response = _answer(request, 403, [])
+    assert middleware.process_response(request, response) is response
+    failure = failure_of(request)
+    assert failure is not None
+    assert (failure["error_class"], failure["slow_down"]) == ("throttled", True)
+    assert "403 is not in RETRY_HTTP_CODES" in failure["error"]
+    assert failure["pause_until"] is not None and failure["pause_until"] >= before + 30
+    # Where the project retries 403s, the ban's 403 is retried after the pause.
+    crawler = _crawler(RELIABILITY_BAN_PAUSE_SECONDS=30, RETRY_HTTP_CODES=[403, 503])
+    middleware = RetryMiddleware.from_crawler(crawler)
+    for _ in range(4):
+        middleware.process_response(request, _answer(request, 403, []))
+    retried = middleware.process_response(request, _answer(request, 403, []))
+    assert isinstance(retried, Request)
+    assert retried.meta[RETRY_META]["pause_until"] >= before + 30
 
 
 # -- Property-based: any Retry-After value, parser and middleware ----------------------------

@@ -261,6 +261,19 @@ def test_fault_500x3_then_200(fault_site: SiteProcess) -> None:
     assert [r["page"] for r in log] == [page] * 5
 
 
+def test_status_paths_answer_their_status_every_time(fault_site: SiteProcess) -> None:
+    for path, status in (("/status/503", 503), ("/status/500/a", 500), ("/status/429", 429)):
+        answers = [get(fault_site.url(0, path)) for _ in range(3)]
+        assert [a.status for a in answers] == [status] * 3
+        assert all("Retry-After" not in a.headers for a in answers)
+        assert [r["fault"] for r in log_for(fault_site, "127.0.0.2", path)] == [None] * 3
+    empty = get(fault_site.url(0, "/status/200/ping"))
+    assert (empty.status, empty.body) == (200, b"")
+    assert empty.headers["Content-Type"].startswith("text/html")
+    for path in ("/status/304", "/status/99", "/status/600", "/status/5031", "/status/"):
+        assert get(fault_site.url(0, path)).status == 404, path
+
+
 def test_fault_404_is_permanent(fault_site: SiteProcess) -> None:
     page = pages_of("404")[0]
     assert [get(fault_site.url(0, f"/p/{page}")).status for _ in range(3)] == [404] * 3

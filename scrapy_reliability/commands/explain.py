@@ -17,6 +17,7 @@ from scrapy_reliability.commands.reports import domain_limits_text
 from scrapy_reliability.commands.text import ago, when
 from scrapy_reliability.frontier.inspect import Explanation
 from scrapy_reliability.frontier.politeness import DomainLimits
+from scrapy_reliability.frontier.schema import ADOPTED_URL
 
 
 def explain_urls(ctx: Context, args: list[str]) -> None:
@@ -84,6 +85,11 @@ def _explain_text(exp: Explanation, now: float, spider: str) -> str:
     attempts = f"{row.attempts} failed attempt{'s' if row.attempts != 1 else ''}"
     if row.state == "dead":
         attempts = f"{row.attempts} attempt{'s' if row.attempts != 1 else ''}"
+    if exp.reason == "done" and row.url == ADOPTED_URL:
+        return (
+            f"adopted from Scrapy's requests.seen {when(row.updated_at, now)} (task {row.id}): "
+            "Scrapy's own scheduler had it before the job started; no URL was stored"
+        )
     if exp.reason == "done":
         return f"{when(row.updated_at, now)} (task {row.id}, after {attempts})"
     if exp.reason == "ignored":

@@ -81,6 +81,7 @@ def _report(ctx: Context, name: str, scheme: str, policy: str | None, result: Re
                 "merged_states": result.merged_states,
                 "dead_letters_removed": result.dead_letters,
                 "unreadable": result.unreadable,
+                "adopted": result.adopted,
                 "examples": [
                     {"merged": a, "state": sa, "kept": b, "kept_state": sb}
                     for a, sa, b, sb in result.examples
@@ -102,6 +103,12 @@ def _report(ctx: Context, name: str, scheme: str, policy: str | None, result: Re
         ctx.out(f"  merged {a} ({sa}) into {b} ({sb})")
     if result.unreadable:
         ctx.out(f"  {result.unreadable} rows could not be read and keep their keys")
+    if result.adopted:
+        ctx.out(
+            f"  {result.adopted} fingerprints adopted from Scrapy's requests.seen have no "
+            "URL and keep their keys: a page known only by one is fetched again if a link "
+            "leads to it"
+        )
     ctx.out(
         f"The job {'would key' if dry else 'now keys'} requests by {scheme}"
         + (f", canonical URL policy {policy}" if policy else "")

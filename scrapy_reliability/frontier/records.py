@@ -98,6 +98,9 @@ class Job:
     previous_ended_at: float | None = None
     #: What the job's domains had learned and whether this run applies it.
     learned: LearnedReview = field(default_factory=LearnedReview)
+    #: Adopted from a stock JOBDIR (frontier/adoption.py): its start requests are
+    #: keyed by fingerprint, as the fingerprints of Scrapy's requests.seen are.
+    adopted: bool = False
 
 
 # The per-request records (NewRequest, Claimed, Transition) are named tuples: as
@@ -177,6 +180,9 @@ class Transition(NamedTuple):
     content_hash: str | None = None
     content_ns: str | None = None
     recrawl_interval: float | None = None
+    #: A RESCHEDULE's new priority (a retry's RETRY_PRIORITY_ADJUST, a redirect's
+    #: REDIRECT_PRIORITY_ADJUST): the claim orders by it. None: unchanged.
+    priority: int | None = None
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, func, not_, or_, update
+from sqlalchemy import Connection, and_, bindparam, case, delete, func, not_, or_, update
 
 from scrapy_reliability.frontier.politeness import longest_match
-from scrapy_reliability.frontier.schema import DONE, PENDING, requests
+from scrapy_reliability.frontier.schema import ADOPTED_URL, DONE, PENDING, requests
 
 #: Nutch's defaults: an unchanged page waits 40% longer, a changed one 20% less.
 INC_RATE = 0.4
@@ -121,8 +121,26 @@ def reopen_due(conn: Connection, job_id: int, rules: RecrawlRules, now: float) -
         )
         due += conn.execute(
             update(requests)
-            .where(c.job_id == job_id, c.state == DONE, where, last + interval <= now)
+            .where(
+                c.job_id == job_id,
+                c.state == DONE,
+                c.url != ADOPTED_URL,
+                where,
+                last + interval <= now,
+            )
             .values(recrawl=DUE, **reopen)
+        ).rowcount
+    if rules.after > 0:
+        # A page known only by the fingerprint Scrapy's requests.seen gave it (an
+        # adopted job) cannot be fetched by its row: once due, the row goes, and the
+        # next link to the page stores and fetches it again.
+        due += conn.execute(
+            delete(requests).where(
+                c.job_id == job_id,
+                c.state == DONE,
+                c.url == ADOPTED_URL,
+                c.updated_at + rules.after <= now,
+            )
         ).rowcount
     parse = 0
     if rules.namespace is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, Engine, bindparam, delete, select, update
 
 from scrapy_reliability.frontier.schema import (
+    ADOPTED_URL,
     DEAD,
     DONE,
     IGNORED,
@@ -44,6 +45,8 @@ class RekeyResult:
     dead_letters: int = 0
     #: Rows whose stored request could not be read: their keys were kept.
     unreadable: int = 0
+    #: Fingerprints adopted from Scrapy's requests.seen (no request stored): kept.
+    adopted: int = 0
     #: States of the merged rows, and of the rows kept in their place.
     merged_states: dict[str, int] = field(default_factory=dict)
     #: (URL of a merged row, its state, URL of the row kept, its state).
@@ -111,7 +114,9 @@ def _read(
         for row in chunk:
             old = str(row.fingerprint)
             new, read = old, False
-            if not old.startswith("u:"):
+            if row.payload == ADOPTED_URL:
+                result.adopted += 1
+            elif not old.startswith("u:"):
                 fingerprint = key_of(row.payload)
                 if fingerprint is None:
                     result.unreadable += 1

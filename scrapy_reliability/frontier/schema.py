@@ -47,6 +47,12 @@ FINAL_STATES = (DONE, IGNORED, DEAD)
 JOB_RUNNING = "running"
 JOB_FINISHED = "finished"
 
+#: A done row adopted from Scrapy's ``requests.seen`` (frontier/adoption.py) has
+#: this URL and payload: a fingerprint without a request, never claimed. No request
+#: stored has an empty URL; no host name has parentheses.
+ADOPTED_URL = ""
+ADOPTED_DOMAIN = "(adopted)"
+
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY (the rowid).

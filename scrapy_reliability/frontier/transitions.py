@@ -67,7 +67,7 @@ class WritePath:
         if batch.dead_items:
             self._insert_dead_items(conn, job_id, batch.dead_items, now)
         if batch.refusals:
-            self._record_refusals(conn, job_id, batch.refusals, now)
+            record_refusals(conn, self._engine, job_id, batch.refusals, now)
         settled, lost = self.apply_transitions(conn, batch.transitions, now)
         lost_ids = set(lost)
         fetched = [
@@ -169,53 +169,6 @@ class WritePath:
             ],
         )
 
-    def _record_refusals(
-        self, conn: Connection, job_id: int, refusals: Sequence[Refusal], now: float
-    ) -> None:
-        """Each refused request as a dead row with its dead letter; a key already
-        known (the request was stored before) keeps its row."""
-        for ref in refusals:
-            request_id = conn.execute(
-                dialect.insert_ignore(requests, self._engine)
-                .values(
-                    job_id=job_id,
-                    fingerprint=ref.fingerprint,
-                    state=DEAD,
-                    priority=ref.priority,
-                    domain=ref.domain,
-                    url=ref.url,
-                    payload=ref.payload,
-                    not_before=0.0,
-                    attempts=0,
-                    last_error=storable_text(ref.reason),
-                    error_class=ref.error_class,
-                    first_failed_at=now,
-                    created_at=now,
-                    updated_at=now,
-                )
-                .returning(requests.c.id)
-            ).scalar()
-            if request_id is None:
-                continue
-            conn.execute(
-                dead_letters.insert().values(
-                    job_id=job_id,
-                    request_id=request_id,
-                    kind="request",
-                    url=ref.url,
-                    domain=ref.domain,
-                    error_class=ref.error_class,
-                    last_status=None,
-                    last_error=storable_text(ref.reason),
-                    attempts=0,
-                    payload=ref.payload,
-                    item=None,
-                    first_failed_at=now,
-                    last_failed_at=now,
-                    passes=0,
-                )
-            )
-
     def apply_transitions(
         self, conn: Connection, transitions: Iterable[Transition], now: float
     ) -> tuple[list[int], list[int]]:
@@ -242,6 +195,8 @@ class WritePath:
             if tr.outcome is Outcome.RESCHEDULE:
                 assert tr.payload is not None and tr.url is not None
                 values.update(payload=tr.payload, url=tr.url, not_before=tr.not_before)
+                if tr.priority is not None:
+                    values["priority"] = tr.priority
             elif tr.outcome is Outcome.RELEASE:
                 values["not_before"] = tr.not_before
             if tr.status is not None:
@@ -330,3 +285,51 @@ class WritePath:
             "passes",
         ]
         conn.execute(dead_letters.insert().from_select(columns, source))
+
+
+def record_refusals(
+    conn: Connection, engine: Engine, job_id: int, refusals: Sequence[Refusal], now: float
+) -> None:
+    """Each refused request as a dead row with its dead letter; a key already
+    known (the request was stored before) keeps its row."""
+    for ref in refusals:
+        request_id = conn.execute(
+            dialect.insert_ignore(requests, engine)
+            .values(
+                job_id=job_id,
+                fingerprint=ref.fingerprint,
+                state=DEAD,
+                priority=ref.priority,
+                domain=ref.domain,
+                url=ref.url,
+                payload=ref.payload,
+                not_before=0.0,
+                attempts=0,
+                last_error=storable_text(ref.reason),
+                error_class=ref.error_class,
+                first_failed_at=now,
+                created_at=now,
+                updated_at=now,
+            )
+            .returning(requests.c.id)
+        ).scalar()
+        if request_id is None:
+            continue
+        conn.execute(
+            dead_letters.insert().values(
+                job_id=job_id,
+                request_id=request_id,
+                kind="request",
+                url=ref.url,
+                domain=ref.domain,
+                error_class=ref.error_class,
+                last_status=None,
+                last_error=storable_text(ref.reason),
+                attempts=0,
+                payload=ref.payload,
+                item=None,
+                first_failed_at=now,
+                last_failed_at=now,
+                passes=0,
+            )
+        )

@@ -1,10 +1,13 @@
 """The job session's database-thread side: open (connect, job, register,
 recover), heartbeat, close (final writes, release, what is left). Each function
 runs on the database thread and returns what the reactor side (``session``)
-reports; none touches Scrapy or the reactor."""
+reports; none touches the reactor, and only the import of a stock JOBDIR reads
+through Scrapy there (its disk queues, while the engine waits for the scheduler
+to open)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -24,10 +27,12 @@ from scrapy_reliability.frontier import (
     WriteResult,
     tombstone,
 )
+from scrapy_reliability.frontier.adoption import is_adopted
 from scrapy_reliability.frontier.dialect import redact, scrub
 from scrapy_reliability.frontier.learned import LearnedRules
 from scrapy_reliability.frontier.store import SQLAlchemyError
 from scrapy_reliability.scheduling.batches import one_line, units
+from scrapy_reliability.scheduling.stock_jobdir import Adoption, StockJobdir
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
 
@@ -51,6 +56,8 @@ class Opened:
     peers: dict[str, frozenset[str]]
     #: A new run: (older runs whose rows were deleted, rows deleted).
     pruned: tuple[int, int] = (0, 0)
+    #: The JOBDIR held Scrapy's own crawl state: what became of it.
+    adoption: Adoption | None = None
 
 
 @dataclass
@@ -87,8 +94,10 @@ def open_job(
     retry_pass: RetryPass | None,
     worker: Worker,
     callbacks: list[str],
+    stock: StockJobdir | None = None,
 ) -> Opened | JobFinished:
-    """Connect, open the job, register this worker, recover dead workers' leases."""
+    """Connect, adopt ``stock`` (Scrapy's own state in JOBDIR) into a new job, open
+    the job, register this worker, recover dead workers' leases."""
     frontier = Frontier.connect(
         url,
         auto_migrate=config.auto_migrate,
@@ -99,6 +108,9 @@ def open_job(
         # The add-on refused a moved job before the engine started; this holds for
         # a scheduler set without it, and for a move that ended since.
         tombstone.refuse_crawl(frontier.engine, name, allow=config.allow_moved)
+        adoption = None
+        if stock is not None and retry_pass is None:
+            adoption = stock.adopt(frontier, name, scheme=scheme, url_policy=url_policy)
         reopened = _reopen_dead_letters(frontier, name, retry_pass)
         try:
             job = frontier.open_job(
@@ -116,6 +128,8 @@ def open_job(
         pruned = (0, 0)
         if job.previous_state is not None and not job.resumed:
             pruned = frontier.prune_runs(name, config.keep_runs)
+        if is_adopted(frontier.engine, job.id):
+            job = dataclasses.replace(job, adopted=True)
         frontier.register_worker(
             job.id, worker.id, worker.hostname, worker.pid, callbacks=callbacks
         )
@@ -144,7 +158,7 @@ def open_job(
         raise
     if reopened is not None:
         counts["reopened"] = reopened
-    return Opened(frontier, job, recovered, counts, peers, pruned)
+    return Opened(frontier, job, recovered, counts, peers, pruned, adoption)
 
 
 def restarts(config: Config) -> bool:

@@ -49,10 +49,13 @@ TRANSIENT_META = frozenset(
     }
 )
 
+#: A request's attempts, the first included (over Scrapy's ``max_retry_times``).
+MAX_ATTEMPTS_META = "reliability_max_attempts"
+
 #: Per-request overrides of the retry policy a spider may set: meta key, the
 #: RetryPolicy field it overrides, and its type.
 RETRY_OVERRIDES: tuple[tuple[str, str, type[int] | type[float]], ...] = (
-    ("reliability_max_attempts", "max_attempts", int),
+    (MAX_ATTEMPTS_META, "max_attempts", int),
     ("reliability_backoff_base", "backoff_base", float),
     ("reliability_backoff_max", "backoff_max", float),
     ("reliability_retry_after_max", "retry_after_max", float),
@@ -67,14 +70,14 @@ class FailureMeta(TypedDict):
     error: str
     #: A 429 or a ban signal: the domain's adaptive rate learns a limit.
     slow_down: bool
+    #: Retry-After or a ban signal: the whole domain waits until then, for every worker.
+    pause_until: float | None
 
 
 class RetryMeta(FailureMeta):
     """Why a request is retried, and when it may be fetched again."""
 
     not_before: float
-    #: Retry-After: the whole domain waits until then, for every worker.
-    pause_until: float | None
 
 
 def task_id_of(request: Request) -> int | None:

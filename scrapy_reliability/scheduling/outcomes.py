@@ -107,6 +107,7 @@ class Outcomes:
         error_class: str | None = None,
         attempts_inc: int = 0,
         slow_down: bool = False,
+        pause_until: float | None = None,
         fetched: Fetched | None = None,
     ) -> None:
         self.leases.start_settling(lease)
@@ -119,7 +120,9 @@ class Outcomes:
                 error=error,
                 error_class=error_class,
                 attempts_inc=attempts_inc,
-                domain=lease.domain if slow_down else None,
+                domain=lease.domain if slow_down or pause_until else None,
+                pause_until=pause_until,
+                pause_reason=f"ban signal or Retry-After ({status})" if pause_until else None,
                 slow_down=slow_down,
                 claimed_at=lease.claimed_at if slow_down else None,
                 content_hash=fetched.content_hash if fetched else None,
@@ -194,9 +197,14 @@ class Outcomes:
         status = failure.get("status")
         error = str(failure.get("error") or "")
         slow_down = bool(failure.get("slow_down"))
+        pause_until = failure.get("pause_until")
         self.ctx.stats.inc_value(f"reliability/dead/{error_class}")
         if slow_down:
             self.ctx.stats.inc_value("reliability/domain/throttled")
+        if pause_until:
+            # A Retry-After or ban signal on a request that is not retried still
+            # holds back the rest of its domain.
+            self.politeness.pause(lease.domain, float(pause_until))
 
         def settle(_: Any = None) -> None:
             self._settle(
@@ -207,6 +215,7 @@ class Outcomes:
                 error_class=error_class,
                 attempts_inc=1,
                 slow_down=slow_down,
+                pause_until=float(pause_until) if pause_until else None,
             )
 
         if not config.dead_letter_items and not config.dead_letter_feeds:
@@ -291,6 +300,7 @@ class Outcomes:
                 Outcome.RESCHEDULE,
                 payload=payload,
                 url=request.url,
+                priority=request.priority,
                 not_before=float(failure.get("not_before") or 0.0),
                 attempts_inc=1 if retried else 0,
                 status=failure.get("status"),

@@ -25,7 +25,7 @@ from scrapy_reliability.frontier import FrontierError, JobFinished
 from scrapy_reliability.frontier.dialect import redact
 from scrapy_reliability.frontier.schema import JOB_RUNNING
 from scrapy_reliability.frontier.store import UNPROCESSED_CLASSES
-from scrapy_reliability.scheduling import engine, jobdb, start_lines
+from scrapy_reliability.scheduling import engine, jobdb, start_lines, stock_jobdir
 from scrapy_reliability.scheduling.claims import ClaimBuffer
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.heartbeat import Heartbeat, report_db
@@ -78,6 +78,7 @@ class Session:
         name = _jobs.job_name(ctx.config, settings, spider.name)
         _feeds.repair_line_feeds(settings.getdict("FEEDS"))
         ctx.feed_exporters = _feeds.feed_exporters(ctx.crawler)
+        stock = self._stock_jobdir(spider)
         d = ctx.db.deferred(
             jobdb.open_job,
             url,
@@ -88,7 +89,10 @@ class Session:
             retry_pass=ctx.retry_pass,
             worker=jobdb.Worker(ctx.worker_id, ctx.hostname, ctx.pid),
             callbacks=jobdb.callback_names(spider),
+            stock=stock,
         )
+        if stock is not None:
+            d.addCallback(self._adopted)
         return d.addCallbacks(self._opened, self._open_failed)
 
     def _silent(self, seconds: float) -> None:
@@ -104,6 +108,18 @@ class Session:
         if self._watchdog is not None:
             self._watchdog.stop()
         self.ctx.shutdown()
+
+    def _stock_jobdir(self, spider: Spider) -> stock_jobdir.StockJobdir | None:
+        """Scrapy's own crawl state in JOBDIR, to adopt into a new job."""
+        files = stock_jobdir.find(self.ctx.crawler.settings)
+        if files is None or self.ctx.retry_pass is not None:
+            return None
+        return stock_jobdir.StockJobdir(self.ctx.crawler, spider, self.dupefilter.key, files)
+
+    def _adopted(self, opened: jobdb.Opened | JobFinished) -> jobdb.Opened | JobFinished:
+        if isinstance(opened, jobdb.Opened) and opened.adoption is not None:
+            stock_jobdir.report(opened.adoption, opened.job.name, opened.job.dedup_scheme, self.ctx)
+        return opened
 
     def _open_failed(self, failure: Failure) -> Failure | None:
         self._shutdown()

@@ -52,9 +52,13 @@ def new_run_line(job: Job, url: str, *, cached: bool, pruned: tuple[int, int]) -
 
 def resumed_line(job: Job, counts: dict[str, int], recovered: int) -> str:
     """An interrupted run taken up again."""
+    interrupted = (
+        f", interrupted {when(job.previous_ended_at)} (its last worker's last sign of life)"
+        if job.previous_ended_at
+        else ""  # no worker ever ran it: a job adopted from a stock JOBDIR
+    )
     return (
-        f"Resuming job {job.name} (run {job.generation}), interrupted "
-        f"{when(job.previous_ended_at)} (its last worker's last sign of life): "
+        f"Resuming job {job.name} (run {job.generation}){interrupted}: "
         f"{_thousands(counts.get('pending', 0) + counts.get('leased', 0))} pending, "
         f"{_thousands(counts.get('done', 0))} done, {recovered} leases of a dead worker "
         "taken back"

@@ -23,6 +23,10 @@ Contracts
   ``http://NEXTHOST:PORT/p/<i>`` (next host in the list, cyclically) and to
   ``--extra-links`` pseudo-random same-host pages chosen by a stable hash of the seed.
   Every page of every host is therefore reachable from the index pages.
+  ``/status/<code>`` (three digits, 100 to 599 but 304; anything may follow after a
+  ``/``, e.g. ``/status/503/a``, to make distinct URLs) answers that status every time
+  (no fault counter, no Retry-After), with a short HTML body, and no body at all for
+  ``/status/200``; ``/r/<path>`` redirects (301) to ``<path>``.
 * A "page request" is any request except ``/robots.txt`` and ``/_control/...``. Each page
   request is decided *at arrival* (no await between arrival and decision), logged at once
   and only then delayed by ``--latency-ms`` (and a ``slow`` fault's delay). The checks run
@@ -74,6 +78,12 @@ Contracts
   the scheme in upper case: :func:`variant_links`), and to no other host. A client
   reaches them through the site as its HTTP proxy (absolute-form request targets);
   the query is ignored, so every variant is the same page and logs the same path.
+* Index pages (``--index-pages``, off by default), as on a documentation site:
+  ``/index.html`` is served as ``/`` (the same bytes), ``/p/<i>/`` and
+  ``/p/<i>/index.html`` as ``/p/<i>``; the index links to ``/``, ``/index.html`` and
+  ``/p/0/``, and every page to ``/`` and to each child as ``/p/c/`` and
+  ``/p/c/index.html`` (:func:`page_links`), to no other host. The log names the path
+  requested, with the page it was served as.
 """
 
 from __future__ import annotations
@@ -174,6 +184,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--variant-links", default=None, metavar="NAME", help="link by URL variants on NAME"
     )
     p.add_argument("--validators", action="store_true", help="ETag, Last-Modified and 304 answers")
+    p.add_argument("--index-pages", action="store_true", help="/index.html and /p/<i>/ pages")
     return p
 
 

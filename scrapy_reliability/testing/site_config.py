@@ -89,6 +89,10 @@ class SiteConfig:
     #: unchanged page is answered 304. ``/_control/change?every=K`` changes every
     #: K-th page (a new version: another body, ETag and Last-Modified).
     validators: bool = False
+    #: Directory pages, as a documentation site has them: ``/index.html`` is served as
+    #: ``/``, ``/p/<i>/`` and ``/p/<i>/index.html`` as ``/p/<i>`` (see
+    #: :func:`page_links` for the links).
+    index_pages: bool = False
 
     def __post_init__(self) -> None:
         hosts = tuple(self.hosts)
@@ -195,6 +199,8 @@ class SiteConfig:
             args.append(f"--variant-links={self.variant_links}")
         if self.validators:
             args.append("--validators")
+        if self.index_pages:
+            args.append("--index-pages")
         return args
 
 
@@ -213,18 +219,35 @@ def page_fault(config: SiteConfig, host: str, i: int) -> str | None:
     return config.faults[_stable_hash(config.seed, "kind", host, i) % len(config.faults)]
 
 
+def status_answer(path: str) -> tuple[int, bytes] | None:
+    """The status and body of ``/status/<code>[/<anything>]`` (a three-digit code from
+    100 to 599, not 304): that status every time, no body for 200; None for any
+    other path."""
+    parts = path.split("/", 3)
+    if len(parts) < 3 or parts[1] != "status" or not parts[2].isdigit() or len(parts[2]) != 3:
+        return None
+    code = int(parts[2])
+    if not 100 <= code <= 599 or code == 304:
+        return None
+    return code, b"" if code == 200 else f"status {code}\n".encode()
+
+
 def page_links(config: SiteConfig, host: str, i: int) -> list[str]:
     """The hrefs of page ``i`` of ``host``, in document order (requires ``0 <= i < pages``).
 
     Children ``/p/{2i+1}``, ``/p/{2i+2}`` (when they exist), then the absolute link to the
-    same page on the next host, then ``extra_links`` relative same-host links.
+    same page on the next host, then ``extra_links`` relative same-host links. With
+    ``index_pages``: the home page ``/``, then each child twice, as its directory
+    ``/p/c/`` and as ``/p/c/index.html``, and nothing else.
     """
     if not 0 <= i < config.pages:
         raise ValueError(f"no page {i}")
+    children = [c for c in (2 * i + 1, 2 * i + 2) if c < config.pages]
+    if config.index_pages:
+        return ["/", *(f"/p/{c}/{name}" for c in children for name in ("", "index.html"))]
     if config.variant_links is not None:
-        children = (c for c in (2 * i + 1, 2 * i + 2) if c < config.pages)
         return [link for c in children for link in variant_links(config.variant_links, c, i)]
-    links = [f"/p/{c}" for c in (2 * i + 1, 2 * i + 2) if c < config.pages]
+    links = [f"/p/{c}" for c in children]
     index = config.hosts.index(host)
     next_host = config.hosts[(index + 1) % len(config.hosts)]
     links.append(f"http://{next_host}:{config.port}/p/{i}")
@@ -328,9 +351,40 @@ def _render_js_page(config: SiteConfig, host: str, i: int) -> bytes:
     ).encode()
 
 
-def _render_index(host: str) -> bytes:
+def index_links(config: SiteConfig) -> list[str]:
+    """The hrefs of the index page ``/``: ``/p/0``; with ``index_pages`` the index
+    itself twice (``/`` and ``/index.html``, as a documentation home page links to
+    itself) and ``/p/0/``."""
+    return ["/", "/index.html", "/p/0/"] if config.index_pages else ["/p/0"]
+
+
+def page_index(path: str, pages: int) -> int | None:
+    """The page ``/p/<i>`` is (decimal, no leading zeros, ``i < pages``), or None."""
+    if not path.startswith("/p/"):
+        return None
+    digits = path[3:]
+    if not digits.isdigit() or not digits.isascii() or (len(digits) > 1 and digits[0] == "0"):
+        return None
+    i = int(digits)
+    return i if i < pages else None
+
+
+def served_path(config: SiteConfig, path: str) -> str:
+    """The path a request is answered as: with ``index_pages``, ``/index.html`` is
+    ``/``, and ``/p/<i>/`` and ``/p/<i>/index.html`` are ``/p/<i>``."""
+    if not config.index_pages:
+        return path
+    if path == "/index.html":
+        return "/"
+    if path.startswith("/p/") and path.endswith(("/", "/index.html")):
+        return path[: path.rindex("/")]
+    return path
+
+
+def _render_index(config: SiteConfig, host: str) -> bytes:
+    anchors = "\n".join(f'<a href="{href}">{href}</a>' for href in index_links(config))
     return (
         f"<html><head><title>{host} index</title></head><body>"
         f'<h1 id="index" data-host="{host}">{host} index</h1>\n'
-        f'<a href="/p/0">/p/0</a>\n</body></html>\n'
+        f"{anchors}\n</body></html>\n"
     ).encode()

@@ -28,6 +28,9 @@ from scrapy_reliability.testing.site_config import (
     _render_page,
     is_js_page,
     page_fault,
+    page_index,
+    served_path,
+    status_answer,
     versioned,
 )
 from scrapy_reliability.testing.site_limiter import HostLimiter
@@ -117,16 +120,6 @@ def _not_modified_head(keep_alive: bool, extra: Iterable[tuple[str, str]]) -> by
 _EPOCH_MODIFIED = 1767225600
 
 
-def _page_index(path: str, pages: int) -> int | None:
-    if not path.startswith("/p/"):
-        return None
-    digits = path[3:]
-    if not digits.isdigit() or not digits.isascii() or (len(digits) > 1 and digits[0] == "0"):
-        return None
-    i = int(digits)
-    return i if i < pages else None
-
-
 class _Site:
     """The server state. All decisions happen in :meth:`plan`, which never awaits."""
 
@@ -148,7 +141,7 @@ class _Site:
         self.versions: dict[tuple[str, int], int] = {}
         #: Pages /_control/gone removed (answered 410).
         self.gone: set[tuple[str, int]] = set()
-        self._indexes = {h: _render_index(h) for h in config.hosts}
+        self._indexes = {h: _render_index(config, h) for h in config.hosts}
 
     def mark_started(self) -> None:
         """Anchor the scheduled outage to now (called right before READY)."""
@@ -260,7 +253,7 @@ class _Site:
                 return _Plan(404, b"no robots.txt\n", delay=self.latency)
             text = f"User-agent: *\nCrawl-delay: {self.config.crawl_delay:g}\n"
             return _Plan(200, text.encode(), delay=self.latency)
-        page = _page_index(path, self.config.pages)
+        page = page_index(route := served_path(self.config, path), self.config.pages)
         early, fault = False, None
         now = time.monotonic()
         plan: _Plan
@@ -273,7 +266,7 @@ class _Site:
                 plan = _Plan(429, b"host rate limit\n", headers=retry)
                 fault = "host-rate"
             else:
-                plan, fault, page_early = self._route(host, path, page, arrival, request)
+                plan, fault, page_early = self._route(host, route, page, arrival, request)
                 early = early or page_early
         plan.delay += self.latency
         self._record(
@@ -296,6 +289,8 @@ class _Site:
         if path.startswith("/r/"):
             # A permanent redirect to the path after /r, e.g. /r/p/5 -> /p/5.
             return _Plan(301, b"moved\n", headers=(("Location", path[2:]),)), None, False
+        if (answer := status_answer(path)) is not None:  # /status/<code>[/...]
+            return _Plan(*answer, _HTML), None, False
         if page is None:
             return _Plan(404, b"not found\n"), None, False
         return self._page(host, path, page, arrival, request)
@@ -454,11 +449,8 @@ class _Site:
                 return _Plan(400, b"need ?every=K with K >= 1\n")
             if path == "/_control/change":
                 return _Plan(200, json.dumps({"changed": self.change(every)}).encode(), _JSON)
-            gone = [
-                (h, i)
-                for h in self.config.hosts
-                for i in range(every - 1, self.config.pages, every)
-            ]
+            pages = range(every - 1, self.config.pages, every)
+            gone = [(h, i) for h in self.config.hosts for i in pages]
             self.gone.update(gone)
             return _Plan(200, json.dumps({"gone": len(gone)}).encode(), _JSON)
         if path == "/_control/host-rate":

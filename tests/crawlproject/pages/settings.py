@@ -13,3 +13,7 @@ EXTENSIONS = {"pages.extensions.ClaimTimes": 0, "pages.extensions.ProcessState":
 # The test site is our own: no per-domain rate or concurrency limit unless a test sets one.
 RELIABILITY_DOMAIN_RATE = 0
 RELIABILITY_DOMAIN_CONCURRENCY = 0
+
+# The test site's "500x3" pages answer 500 three times before their page: five attempts
+# (Scrapy's default RETRY_TIMES = 2 gives three) see them through.
+RETRY_TIMES = 4

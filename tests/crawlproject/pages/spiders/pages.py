@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+import json
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import scrapy
@@ -33,9 +34,12 @@ class PagesSpider(scrapy.Spider):
         bad_meta_page: str = "",
         via_redirect: str = "",
         poison: str = "",
+        start_meta: str = "",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        # Meta of some start requests, as a JSON object {url: meta}.
+        self.start_meta: dict[str, dict[str, Any]] = json.loads(start_meta or "{}")
         # Follow same-host links through the site's /r/ redirector.
         self.via_redirect = bool(via_redirect)
         self.start_urls = [u for u in start.split(",") if u]
@@ -43,6 +47,10 @@ class PagesSpider(scrapy.Spider):
         self.bad_meta_page = int(bad_meta_page) if bad_meta_page else None
         # Index pages also yield requests no backend can store as they are.
         self.poison = bool(poison)
+
+    async def start(self) -> AsyncIterator[Any]:
+        for url in self.start_urls:
+            yield scrapy.Request(url, dont_filter=True, meta=self.start_meta.get(url))
 
     def parse(self, response: scrapy.http.Response) -> Iterator[Any]:
         yield from self.parse_page(response)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -67,7 +68,33 @@ class DatabaseThread:
         self._async_running = False
         self._held: deque[tuple[bool, Callable[[], None]]] = deque()
         self._shortened = True
+        # When the call running on the thread, and the one on the event loop,
+        # started (time.monotonic()); None: none runs. Read by the watchdog.
+        self._thread_since: float | None = None
+        self._async_since: float | None = None
         SWITCH.enter()
+
+    @property
+    def busy_since(self) -> float | None:
+        """When the oldest call running now started (``time.monotonic()``): the
+        call on the thread, or the one on the event loop; None when idle."""
+        starts = [t for t in (self._thread_since, self._async_since) if t is not None]
+        return min(starts) if starts else None
+
+    def forgive(self, seconds: float) -> None:
+        """The process did not run for ``seconds`` (stopped, suspended): the calls
+        running now did not wait for the database meanwhile."""
+        if self._thread_since is not None:
+            self._thread_since += seconds
+        if self._async_since is not None:
+            self._async_since += seconds
+
+    def _timed(self, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+        self._thread_since = time.monotonic()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._thread_since = None
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
         if not self._async_running and not self._held:
@@ -85,7 +112,7 @@ class DatabaseThread:
     def _submit_now(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
         with self._lock:
             self._queued += 1
-        future = self._pool.submit(fn, *args, **kwargs)
+        future = self._pool.submit(self._timed, fn, args, kwargs)
         future.add_done_callback(self._finished)
         return future
 
@@ -122,6 +149,7 @@ class DatabaseThread:
 
         def finished(task: asyncio.Future[T]) -> None:
             self._async_running = False
+            self._async_since = None
             if task.cancelled():
                 future.set_exception(asyncio.CancelledError())
             elif task.exception() is not None:
@@ -135,6 +163,7 @@ class DatabaseThread:
 
         def begin() -> None:
             self._async_running = True
+            self._async_since = time.monotonic()
             task = asyncio.ensure_future(start())
             task.add_done_callback(finished)
 

@@ -21,6 +21,7 @@ from scrapy.utils.misc import load_object
 
 from scrapy_reliability.canonical import CanonicalPolicy, policy_from_settings
 from scrapy_reliability.domain_limits import LimitsOrigin, _politeness, limits_text
+from scrapy_reliability.frontier.pgsession import SessionLimits
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.recrawl import RecrawlRules
 from scrapy_reliability.recrawl import rules_from_settings
@@ -286,6 +287,11 @@ class Config:
     #: A database failure (server gone, disk full) lasting this long stops the crawl.
     # 45: with retries at most 5 s apart, the crawl has stopped within a minute.
     storage_give_up_seconds: float = 45.0
+    #: A crawl's PostgreSQL sessions: statement, lock and idle-in-transaction
+    #: timeouts, TCP keepalives (RELIABILITY_POSTGRES_*; frontier/pgsession.py).
+    postgres: SessionLimits = field(
+        default_factory=lambda: SessionLimits(statement_timeout=30.0, lock_timeout=2.0)
+    )
     dedup_cache_size: int = 50_000
     #: Requests handed to the engine and not yet acked, at most; None means
     #: CONCURRENT_REQUESTS. It bounds what a crash fetches again.
@@ -350,6 +356,12 @@ class Config:
                 url,
             )
         politeness, origin = _politeness(settings)
+        give_up = _positive_float(
+            settings,
+            "RELIABILITY_STORAGE_GIVE_UP_SECONDS",
+            cls.storage_give_up_seconds,
+            maximum=MAX_SECONDS,
+        )
         return cls(
             database_url=url.strip() if url else None,
             job=_job_name(settings.get("RELIABILITY_JOB")),
@@ -369,12 +381,8 @@ class Config:
                 cls.sqlite_busy_timeout,
                 maximum=MAX_SECONDS,
             ),
-            storage_give_up_seconds=_positive_float(
-                settings,
-                "RELIABILITY_STORAGE_GIVE_UP_SECONDS",
-                cls.storage_give_up_seconds,
-                maximum=MAX_SECONDS,
-            ),
+            storage_give_up_seconds=give_up,
+            postgres=_postgres_limits(settings, give_up),
             dedup_cache_size=positive_int(
                 settings,
                 "RELIABILITY_DEDUP_CACHE_SIZE",
@@ -413,6 +421,36 @@ class Config:
                 else None
             ),
         )
+
+
+def _postgres_limits(settings: BaseSettings, give_up: float) -> SessionLimits:
+    """RELIABILITY_POSTGRES_*: the limits of a crawl's PostgreSQL sessions (0: unset)."""
+    default = Config().postgres
+
+    def seconds(name: str, value: float) -> float:
+        return nonnegative_float(settings, name, value, maximum=MAX_SECONDS)
+
+    # Unset, it stays well inside the give-up time (30 s under the default 45).
+    statement = seconds(
+        "RELIABILITY_POSTGRES_STATEMENT_TIMEOUT", min(default.statement_timeout, give_up * 2 / 3)
+    )
+    if statement >= give_up:
+        # The client ends a call still running at the give-up time (a silent link):
+        # the server must end a statement first, with its own error.
+        raise SettingError(
+            f"RELIABILITY_POSTGRES_STATEMENT_TIMEOUT ({statement:g}) must be shorter than "
+            f"RELIABILITY_STORAGE_GIVE_UP_SECONDS ({give_up:g}): a database call still "
+            "running at the give-up time is taken for a silent link and stops the crawl."
+        )
+    return SessionLimits(
+        statement_timeout=statement,
+        lock_timeout=seconds("RELIABILITY_POSTGRES_LOCK_TIMEOUT", default.lock_timeout),
+        idle_in_transaction_timeout=seconds(
+            "RELIABILITY_POSTGRES_IDLE_IN_TRANSACTION_TIMEOUT",
+            default.idle_in_transaction_timeout,
+        ),
+        keepalive=seconds("RELIABILITY_POSTGRES_KEEPALIVE_SECONDS", default.keepalive),
+    )
 
 
 def _job_name(raw: Any) -> str | None:

@@ -165,7 +165,12 @@ class Context:
         """An engine on ``url``; errors about it name it as ``given_by``."""
         parsed = dialect.parse_url(url, given_by=given_by)
         config = Config.from_settings(self.settings)
-        engine = dialect.create(parsed, busy_timeout=config.sqlite_busy_timeout, given_by=given_by)
+        engine = dialect.create(
+            parsed,
+            busy_timeout=config.sqlite_busy_timeout,
+            given_by=given_by,
+            limits=config.postgres.for_commands(),
+        )
         self._engines.append(engine)
         return engine
 

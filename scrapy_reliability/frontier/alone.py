@@ -25,6 +25,7 @@ from scrapy_reliability.frontier.records import (
     Outcome,
     WriteResult,
 )
+from scrapy_reliability.frontier.tokens import ClaimTokens
 
 T = TypeVar("T")
 
@@ -60,8 +61,11 @@ class AloneWrites:
         claims: Claimer,
         one_statement: Callable[[], contextlib.AbstractContextManager[Connection]],
         transaction: Callable[[], contextlib.AbstractContextManager[Connection]],
+        *,
+        tokens: ClaimTokens,
     ):
         self._sql = sql
+        self._tokens = tokens
         self._claims = claims
         self._one_statement = one_statement
         self._transaction = transaction
@@ -128,6 +132,8 @@ class AloneWrites:
 
     @contextlib.contextmanager
     def _acking(self, w: AloneWrite) -> Iterator[None]:
+        if w.lease is not None:  # its claim's token, known before the statement goes
+            self._tokens.sending(w.lease.token, w.lease.worker_id)
         acks = w.acks
         if acks:
             crash_point("before_ack_commit")

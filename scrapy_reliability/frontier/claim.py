@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -108,11 +108,13 @@ def new_token() -> str:
 
 
 class Claimer:
-    """Runs a :class:`ClaimSpec` on an open transaction."""
+    """Runs a :class:`ClaimSpec` on an open transaction. ``sending(token, worker)``
+    is told each claim's token before its statements are sent (see ``tokens.py``)."""
 
-    def __init__(self, sql: HotSql, domain_rows: DomainRows):
+    def __init__(self, sql: HotSql, domain_rows: DomainRows, sending: Callable[[str, str], None]):
         self._sql = sql
         self._domains = domain_rows
+        self._sending = sending
         self._rng = random.Random()
 
     def claim(self, conn: Connection, job_id: int, spec: ClaimSpec, now: float) -> ClaimResult:
@@ -123,6 +125,7 @@ class Claimer:
         lease_seconds = spec.lease_seconds
         policy = spec.politeness or Politeness()
         token = new_token()
+        self._sending(token, worker_id)
         taken: list[int] = []
         starts: dict[int, float] = {}
         excluded: set[str] = set()

@@ -13,23 +13,30 @@ from typing import Any
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import OperationalError
 
-from scrapy_reliability.frontier import dialect, migrate
+from scrapy_reliability.frontier import dialect, migrate, pgsession
 from scrapy_reliability.frontier.errors import StorageLost, WouldWait
+from scrapy_reliability.frontier.pgsession import SessionLimits
 
 
 def open_engine(
-    url: str, *, auto_migrate: bool, busy_timeout: float, exclusive: bool
+    url: str,
+    limits: SessionLimits | None = None,
+    *,
+    auto_migrate: bool,
+    busy_timeout: float,
+    exclusive: bool,
 ) -> tuple[Engine, dialect.SqliteProcessLock | None]:
     """An engine on ``url`` whose schema is checked (or migrated), and for SQLite
     with ``exclusive`` the lock that keeps the file to this process
-    (:class:`FrontierLocked` if another holds it)."""
+    (:class:`FrontierLocked` if another holds it). ``limits``: its PostgreSQL
+    sessions' (see :mod:`.pgsession`)."""
     parsed = dialect.parse_url(url)
     lock = None
     if parsed.get_backend_name() == "sqlite" and exclusive:
         lock = dialect.SqliteProcessLock(parsed)
         lock.acquire()
     try:
-        engine = dialect.create(parsed, busy_timeout=busy_timeout)
+        engine = dialect.create(parsed, busy_timeout=busy_timeout, limits=limits)
         try:
             migrate.check(engine, auto_migrate=auto_migrate)
         except OperationalError as exc:
@@ -67,6 +74,8 @@ class Connections:
         self._no_wait_thread: int | None = None
         self._held: list[Connection] = []
         self._held_lock = threading.Lock()
+        # Set by sever(): kept connections are dropped without a round trip.
+        self._severed = False
         #: Database calls made through this frontier: statements (an executemany
         #: sent in batches counts each batch), BEGINs and COMMITs/ROLLBACKs. On
         #: PostgreSQL each is a network round trip. (SQLite's BEGIN is sent on the
@@ -130,11 +139,19 @@ class Connections:
 
     def _drop(self, conn: Connection) -> None:
         """Close a kept connection; one that never waits for a lock (busy timeout
-        0) must not go back to the pool, where any thread could get it."""
+        0) must not go back to the pool, where any thread could get it, nor one
+        whose socket was shut down (its reset, a ROLLBACK, would fail)."""
         with contextlib.suppress(Exception):
-            if self._no_wait_thread is not None:
+            if self._no_wait_thread is not None or self._severed:
                 conn.invalidate()
             conn.close()
+
+    def sever(self) -> None:
+        """End every PostgreSQL connection to this database now, from any thread:
+        a call blocked on a link gone silent fails at once, and no new connection
+        opens (see :mod:`.pgsession`). A no-op on SQLite."""
+        self._severed = True
+        pgsession.sever(pgsession.engines_of(self.engine.url))
 
     def never_wait_on_this_thread(self) -> bool:
         """Make hot transactions on the calling thread fail fast with

@@ -26,7 +26,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.sql.dml import Insert
 
+from scrapy_reliability.frontier import pgsession
 from scrapy_reliability.frontier.errors import FrontierLocked, FrontierUnavailable, StorageLost
+from scrapy_reliability.frontier.pgsession import SessionLimits
 
 try:
     import fcntl
@@ -146,10 +148,18 @@ def _is_secret(key: str) -> bool:
     return key in _SECRET_PARAMS or any(word in key for word in _SECRET_WORDS)
 
 
-def create(url: URL, *, busy_timeout: float, given_by: str = URL_SETTING) -> Engine:
+def create(
+    url: URL,
+    *,
+    busy_timeout: float,
+    given_by: str = URL_SETTING,
+    limits: SessionLimits | None = None,
+) -> Engine:
     """An engine for the frontier. SQLite gets WAL and writer transactions
     (``BEGIN IMMEDIATE``), so that a transaction never fails half-way on the
-    upgrade from a read lock to a write lock. Errors name the URL as ``given_by``."""
+    upgrade from a read lock to a write lock. PostgreSQL sessions get ``limits``
+    (by default those of :class:`SessionLimits`; see :mod:`.pgsession`). Errors
+    name the URL as ``given_by``."""
     try:
         if url.get_backend_name() == "sqlite":
             database = url.database or ""
@@ -164,7 +174,12 @@ def create(url: URL, *, busy_timeout: float, given_by: str = URL_SETTING) -> Eng
         # No pool_pre_ping: it costs a round trip per transaction. A connection the
         # server dropped fails its statement, the pool discards it, and the caller's
         # retry (the scheduler retries every failed write and claim) gets a new one.
-        return create_engine(url, pool_size=2, max_overflow=2)
+        limits = limits or SessionLimits()
+        engine = create_engine(
+            url, pool_size=2, max_overflow=2, connect_args=pgsession.connect_args(url, limits)
+        )
+        pgsession.configure(engine, limits)
+        return engine
     except NoSuchModuleError:
         raise FrontierUnavailable(_unknown_driver(url, given_by)) from None
     except ImportError as exc:
@@ -296,6 +311,12 @@ def is_retryable(exc: BaseException) -> bool:
     return getattr(getattr(exc, "orig", None), "sqlstate", None) in _RETRYABLE
 
 
+def is_lock_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL's ``lock_timeout``: a statement waited too long
+    for a lock another session holds (lock_not_available)."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == "55P03"
+
+
 def is_busy(exc: BaseException) -> bool:
     """Whether ``exc`` is SQLite's "database is locked" (another connection holds
     the write lock)."""
@@ -314,10 +335,22 @@ def insert_ignore(table: Table, engine: Engine) -> Insert:
     return postgresql.insert(table).on_conflict_do_nothing()
 
 
+def unlimited(conn: Connection) -> None:
+    """Lift the session's statement timeout for the rest of ``conn``'s transaction
+    (PostgreSQL): opening a job may rightly update millions of rows at once (a
+    recrawl, a retry pass)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SET LOCAL statement_timeout = 0"))
+
+
 @contextlib.contextmanager
 def migration_lock(conn: Connection) -> Iterator[None]:
-    """Serialize schema upgrades of workers starting at the same moment."""
+    """Serialize schema upgrades of workers starting at the same moment. The
+    session's lock and statement timeouts do not hold here: a worker waits for
+    another's migration, which may rightly take long."""
     if conn.dialect.name == "postgresql":
+        conn.execute(text("SET LOCAL lock_timeout = 0"))
+        conn.execute(text("SET LOCAL statement_timeout = 0"))
         conn.execute(text("SELECT pg_advisory_xact_lock(7261390433)"))
     yield
 

@@ -11,7 +11,7 @@ class FrontierError(Exception):
 
 class LeaseLost(FrontierError):
     """A transition out of ``leased`` matched no row: the lease expired and the
-    row was re-claimed (or recovered) under another claim token.
+    row went back to pending (and may have been re-claimed under another token).
 
     The work done under the old lease is not recorded; the request is (or was)
     fetched again by its new holder, so nothing is lost.
@@ -21,10 +21,11 @@ class LeaseLost(FrontierError):
         self.task_ids = task_ids
         super().__init__(
             f"lease lost for frontier task(s) {task_ids[:10]}"
-            f"{'...' if len(task_ids) > 10 else ''}: the lease expired and the row was "
-            "claimed again, so this worker's result was not recorded (the request is "
-            "fetched again by its new holder). If this happens often, raise "
-            "RELIABILITY_LEASE_SECONDS or look for callbacks that block the reactor."
+            f"{'...' if len(task_ids) > 10 else ''}: the lease expired before this "
+            "worker's result was written (the row went back to pending, and may have been "
+            "claimed again), so the result was not recorded and the request is fetched "
+            "again. If this happens often, raise RELIABILITY_LEASE_SECONDS or look for "
+            "callbacks that block the reactor."
         )
 
 
@@ -110,6 +111,15 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
+def _ends_the_session(sqlstate: str | None) -> bool:
+    """PostgreSQL ended the connection: a connection exception (class 08), the
+    server shutting down or refusing connections (57P01-57P03), or a session timeout
+    (idle in transaction, 25P03; idle, 57P05)."""
+    if not sqlstate:
+        return False
+    return sqlstate.startswith("08") or sqlstate in {"25P03", "57P01", "57P02", "57P03", "57P05"}
+
+
 def is_storage_failure(exc: BaseException) -> bool:
     """Whether a failed statement says the database itself is unusable (server
     gone, disk full, file lost, read-only, locked), as opposed to refusing one
@@ -118,6 +128,8 @@ def is_storage_failure(exc: BaseException) -> bool:
     if isinstance(exc, (StorageLost, OSError)):
         return True
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if _ends_the_session(getattr(getattr(exc, "orig", None), "sqlstate", None)):
         return True
     if isinstance(exc, OperationalError):
         return True

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy import Connection, Table, delete, func, select, update
 
-from scrapy_reliability.frontier import learned, operations
+from scrapy_reliability.frontier import dialect, learned, operations
 from scrapy_reliability.frontier.errors import JobFinished, JobMismatch
 from scrapy_reliability.frontier.records import UNPROCESSED_CLASSES, Job
 from scrapy_reliability.frontier.recrawl import RecrawlRules, Reopened, reopen_due
@@ -46,6 +46,7 @@ def open_job(
 ) -> Job:
     """See :meth:`Frontier.open_job`; raises IntegrityError when another worker
     created the same generation meanwhile."""
+    dialect.unlimited(conn)
     recrawls = recrawl is not None and recrawl.on and not restart_finished
     reuse_finished = reuse_finished or recrawls
     row = conn.execute(
@@ -265,6 +266,7 @@ def reopen_dead(
     now: float,
 ) -> tuple[int, int] | None:
     """See :meth:`Frontier.reopen_dead`."""
+    dialect.unlimited(conn)
     job_id = conn.execute(
         select(jobs.c.id).where(jobs.c.name == name).order_by(jobs.c.generation.desc()).limit(1)
     ).scalar()
@@ -354,13 +356,44 @@ def recover_dead_workers(
 # -- leases -------------------------------------------------------------------------------
 
 
-def renew(conn: Connection, worker_id: str, lease_seconds: float, now: float) -> int:
+def renew(
+    conn: Connection, worker_id: str, lease_seconds: float, now: float, tokens: Sequence[str]
+) -> tuple[int, set[str]]:
+    """The heartbeat: extend the leases of ``worker_id`` under ``tokens`` (the claims
+    it knows it holds: see :mod:`.tokens`). Returns how many rows, and the tokens
+    they carry."""
     conn.execute(update(workers).where(workers.c.id == worker_id).values(heartbeat_at=now))
-    return conn.execute(
+    if not tokens:
+        return 0, set()
+    renewed = conn.execute(
         update(requests)
-        .where(requests.c.worker_id == worker_id, requests.c.state == LEASED)
+        .where(
+            requests.c.worker_id == worker_id,
+            requests.c.state == LEASED,
+            requests.c.lease_token.in_(list(tokens)),
+        )
         .values(lease_expires_at=now + lease_seconds)
-    ).rowcount
+        .returning(requests.c.lease_token)
+    ).scalars()
+    held = list(renewed)
+    return len(held), set(held)
+
+
+def release_unknown(conn: Connection, worker_id: str, held: Sequence[str], now: float) -> int:
+    """Leased rows of ``worker_id`` under none of the tokens ``held``: rows of a
+    claim whose answer the worker never got. Back to pending, no attempt spent."""
+    where = [requests.c.worker_id == worker_id, requests.c.state == LEASED]
+    if held:
+        where.append(requests.c.lease_token.not_in(list(held)))
+    return int(
+        conn.execute(update(requests).where(*where).values(cleared_lease(PENDING, now))).rowcount
+    )
+
+
+def states_of(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
+    """The state of each row of ``ids`` that exists."""
+    found = conn.execute(select(requests.c.id, requests.c.state).where(requests.c.id.in_(ids)))
+    return {int(task_id): str(state) for task_id, state in found}
 
 
 def expire(conn: Connection, job_id: int, now: float) -> int:

@@ -237,6 +237,10 @@ class WriteBatch:
     successes: dict[str, int] = field(default_factory=dict)
     #: A retry pass: an acked row's dead letter is resolved (deleted).
     clear_dead_letters: bool = False
+    #: Written again after a failure whose outcome is unknown (the connection was
+    #: lost, perhaps after the COMMIT): a transition found already applied was
+    #: applied by that earlier attempt, not lost to another worker.
+    retried: bool = False
 
     def __bool__(self) -> bool:
         return bool(

@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from sqlalchemy import Connection, Engine, bindparam, select
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
@@ -30,6 +30,8 @@ from scrapy_reliability.frontier.domains import DomainRows
 from scrapy_reliability.frontier.errors import is_storage_failure
 from scrapy_reliability.frontier.hotsql import hot_sql
 from scrapy_reliability.frontier.learned import LearnedRules
+from scrapy_reliability.frontier.leasing import Leases
+from scrapy_reliability.frontier.pgsession import SessionLimits
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.records import (
     UNPROCESSED_CLASSES,
@@ -48,19 +50,13 @@ from scrapy_reliability.frontier.records import (
     storable_text,
 )
 from scrapy_reliability.frontier.recrawl import RecrawlRules
-from scrapy_reliability.frontier.schema import fingerprints
+from scrapy_reliability.frontier.seen import SeenSet
 from scrapy_reliability.frontier.transitions import WritePath
 
 SQLAlchemyError = _SQLAlchemyError
 
 # A write aborted as a deadlock or serialization failure runs again at most this often.
 _DEADLOCK_RETRIES = 3
-
-# Built once: this lookup runs for every request under the standalone DupeFilter.
-_SEEN = select(fingerprints.c.fingerprint).where(
-    fingerprints.c.job_id == bindparam("job_id"),
-    fingerprints.c.fingerprint == bindparam("fingerprint"),
-)
 
 
 def _now(now: float | None) -> float:
@@ -77,19 +73,20 @@ class Frontier:
         sql = self._sql = hot_sql(engine)
         self._domains = DomainRows(engine)
         self._writes = WritePath(engine, sql, self._domains)
-        self._claims = Claimer(sql, self._domains)
+        self._leases = Leases(engine, self._transaction, self._reading)
+        self.tokens = tokens = self._leases.tokens  # the claims it handed out (tokens.py)
+        self._claims = Claimer(sql, self._domains, tokens.sending)
         self._alone = AloneWrites(
-            engine, sql, self._claims, self._db.one_statement, self._transaction
+            engine, sql, self._claims, self._db.one_statement, self._transaction, tokens=tokens
         )
-        self._insert_fp = dialect.insert_ignore(fingerprints, engine)
+        self._seen = SeenSet(engine)
         #: Writes run again after PostgreSQL aborted them as a deadlock.
         self.deadlocks = 0
 
     @property
     def round_trips(self) -> int:
-        """Database calls made through this frontier: statements (an executemany
-        sent in batches counts each batch), BEGINs and COMMITs/ROLLBACKs. On
-        PostgreSQL each is a network round trip."""
+        """Database calls made through this frontier (see ``Connections.round_trips``):
+        on PostgreSQL each is a network round trip."""
         return self._db.round_trips + self._sql.round_trips
 
     def check_storage(self) -> None:
@@ -98,9 +95,7 @@ class Frontier:
         self._db.check_storage()
 
     def never_wait_on_this_thread(self) -> bool:
-        """Make hot transactions on the calling thread fail fast with
-        :class:`WouldWait` rather than wait for a lock; True when the database
-        allows it (SQLite: its calls are short and local)."""
+        """See ``Connections.never_wait_on_this_thread`` (SQLite: True)."""
         return self._db.never_wait_on_this_thread()
 
     @contextlib.contextmanager
@@ -130,20 +125,25 @@ class Frontier:
         auto_migrate: bool = False,
         busy_timeout: float = 30.0,
         exclusive: bool = True,
+        limits: SessionLimits | None = None,
     ) -> Frontier:
         """Open the frontier at ``url`` (a SQLAlchemy URL) and check its schema.
 
         For SQLite with ``exclusive``, the file is locked to this process
-        (:class:`FrontierLocked` if another holds it).
+        (:class:`FrontierLocked` if another holds it). ``limits``: PostgreSQL's.
         """
         engine, lock = open_engine(
-            url, auto_migrate=auto_migrate, busy_timeout=busy_timeout, exclusive=exclusive
+            url, limits, auto_migrate=auto_migrate, busy_timeout=busy_timeout, exclusive=exclusive
         )
         return cls(engine, lock=lock)
 
     def close(self) -> None:
         self._alone.close()
         self._db.close()
+
+    def sever(self) -> None:
+        """End every connection to the database now, from any thread (:mod:`.pgsession`)."""
+        self._db.sever()
 
     # -- jobs and workers -------------------------------------------------------------------
 
@@ -299,9 +299,11 @@ class Frontier:
         pinned = now is not None
         now = _now(now)
         policy = politeness or (claim.politeness if claim is not None else None)
+        self._leases.resolve()
         for attempt in range(_DEADLOCK_RETRIES):
             try:
-                return self._write(job_id, batch, claim, policy, now, pinned=pinned)
+                with self.tokens.claiming() as landed:
+                    return landed(self._write(job_id, batch, claim, policy, now, pinned=pinned))
             except DBAPIError as exc:
                 # Two workers inserting the same new keys in different orders can
                 # deadlock; PostgreSQL aborts one transaction, which is safe to run
@@ -353,9 +355,11 @@ class Frontier:
         connection of its own: no thread waits for the server. A claim that comes
         back short is completed through ``on_thread`` (a call of this frontier
         on the thread that makes the others, awaited)."""
+        await self._leases.resolve_on(on_thread)
         for attempt in range(_DEADLOCK_RETRIES):
             try:
-                return await self._alone.write_async(w, on_thread)
+                with self.tokens.claiming() as landed:
+                    return landed(await self._alone.write_async(w, on_thread))
             except DBAPIError as exc:
                 if attempt + 1 == _DEADLOCK_RETRIES or not dialect.is_retryable(exc):
                     raise
@@ -414,33 +418,35 @@ class Frontier:
         pinned = now is not None
         now = _now(now)
         spec = ClaimSpec(worker_id, limit, lease_seconds, politeness)
-        if self._sql.writes_alone(0, 0, True) and not (politeness or Politeness()).limits_anything:
-            w = self._alone.plan(job_id, [], [], spec, now, pinned=pinned)
-            claimed = self._alone.write(w).claimed
-            assert claimed is not None
-            return claimed
-        with self._transaction() as conn:
-            return self._claims.claim(conn, job_id, spec, now)
+        limited = (politeness or Politeness()).limits_anything
+        self._leases.resolve()
+        with self.tokens.claiming() as landed:
+            if self._sql.writes_alone(0, 0, True) and not limited:
+                w = self._alone.plan(job_id, [], [], spec, now, pinned=pinned)
+                claimed = landed(self._alone.write(w)).claimed
+                assert claimed is not None
+                return claimed
+            with self._transaction() as conn:
+                claimed = self._claims.claim(conn, job_id, spec, now)
+            return landed(claimed)  # committed: only now are its rows known to be held
 
-    # -- leases -----------------------------------------------------------------------------
+    # -- leases (frontier/leasing.py) ------------------------------------------------------
 
     def renew(self, worker_id: str, *, lease_seconds: float, now: float | None = None) -> int:
-        """Heartbeat: extend every lease this worker still holds."""
-        with self.engine.begin() as conn:
-            return jobs.renew(conn, worker_id, lease_seconds, _now(now))
+        """Heartbeat: extend the leases this frontier knows it holds (any thread)."""
+        return self._leases.renew(worker_id, lease_seconds, _now(now))
 
     def expire(self, job_id: int, *, now: float | None = None) -> int:
         """Leases past their expiry go back to pending (their worker died or hung)."""
-        with self.engine.begin() as conn:
-            return jobs.expire(conn, job_id, _now(now))
+        return self._leases.expire(job_id, _now(now))
 
     def release_leases_of(self, worker_id: str, *, now: float | None = None) -> int:
         """Graceful stop: this worker's leases go back to pending, spending no attempt."""
-        with self.engine.begin() as conn:
-            released = jobs.release_leases_of(conn, worker_id, _now(now))
-            if released:
-                crash_point("mid_release")
-            return released
+        return self._leases.release_of(worker_id, _now(now))
+
+    def states_of(self, ids: Sequence[int]) -> dict[int, str]:
+        """The state of each of these rows that exists."""
+        return self._leases.states_of(ids)
 
     # -- dead letters -----------------------------------------------------------------------
 
@@ -466,16 +472,10 @@ class Frontier:
     # -- standalone dupefilter --------------------------------------------------------------
 
     def seen(self, job_id: int, fingerprint: str) -> bool:
-        with self._reading() as conn:
-            found = conn.execute(_SEEN, {"job_id": job_id, "fingerprint": fingerprint}).first()
-        return found is not None
+        return self._seen.seen(job_id, fingerprint)
 
     def add_fingerprints(self, job_id: int, fps: Iterable[str]) -> None:
-        values = [{"job_id": job_id, "fingerprint": fp} for fp in fps]
-        if not values:
-            return
-        with self.engine.begin() as conn:
-            conn.execute(self._insert_fp, values)
+        self._seen.add(job_id, fps)
 
 
 __all__ = [

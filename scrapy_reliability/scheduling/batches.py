@@ -68,7 +68,7 @@ def halves(batch: WriteBatch) -> list[WriteBatch]:
     middle = len(parts_of) // 2
     parts = []
     for chunk in (parts_of[:middle], parts_of[middle:]):
-        part = WriteBatch(clear_dead_letters=batch.clear_dead_letters)
+        part = WriteBatch(clear_dead_letters=batch.clear_dead_letters, retried=batch.retried)
         for kind, unit in chunk:
             if kind == "insert":
                 part.inserts.append(unit)

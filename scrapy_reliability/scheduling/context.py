@@ -49,7 +49,8 @@ class Tally:
 class Context:
     """``clock`` and ``db``: the reactor's timers and the database thread, unless a
     test drives the core with a deterministic clock and a synchronous database
-    (``tests/protocol.py``)."""
+    (``tests/protocol.py``). ``beats``: the heartbeat's own thread (the test's
+    database too, when it gives one)."""
 
     def __init__(
         self,
@@ -68,6 +69,9 @@ class Context:
         self.worker_id, self.hostname, self.pid = _jobs.worker_identity()
         self.clock: Clock = clock if clock is not None else the_reactor()
         self.db = db if db is not None else DatabaseThread()
+        self.beats = db if db is not None else DatabaseThread("reliability-heartbeat")
+        #: Real threads, whose calls a watchdog times (a test's run at once).
+        self.watched = db is None
         # Set when the job is open.
         self.spider: Spider | None = None
         self.frontier: Frontier | None = None
@@ -78,6 +82,12 @@ class Context:
         self.feed_exporters: list[Any] = []
         # Set by Scrapy's close(): no new write, claim or heartbeat starts.
         self.closing = False
+
+    def shutdown(self) -> None:
+        """Stop the database threads (after their last calls)."""
+        self.db.shutdown()
+        if self.beats is not self.db:
+            self.beats.shutdown()
 
     def log(self) -> dict[str, Any]:
         """The ``extra`` of this worker's log records."""

@@ -102,6 +102,7 @@ def open_job(
         url,
         auto_migrate=config.auto_migrate,
         busy_timeout=config.sqlite_busy_timeout,
+        limits=config.postgres,
     )
     try:
         # The add-on refused a moved job before the engine started; this holds for
@@ -205,14 +206,20 @@ def close_job(
     lease_seconds: float,
     cause: Callable[[BaseException], str],
     spider: Any,
+    reachable: bool = True,
 ) -> Closing:
     """Write what is left, release this worker's leases, finish the job if it is
     complete, and say what keeps it from being so.
 
     The writes stop at the first that fails (the one in flight included): a later
     one may ack a parent whose children the failed one held. Their requests stay
-    leased and are released below, so the next run fetches them again."""
+    leased and are released below, so the next run fetches them again. Not
+    ``reachable`` (the link went silent): nothing is tried; the leases expire."""
     closing = Closing()
+    if not reachable:
+        closing.failed = "the database did not answer"
+        frontier.close()
+        return closing
     try:
         failed = in_flight is not None and in_flight.exception() is not None
         for batch in batches:

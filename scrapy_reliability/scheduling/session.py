@@ -1,40 +1,40 @@
 """The job session: open (connect, open the job, register, recover), the
-heartbeat, and close (the final writes, this worker's leases released, and an
-honest account of what is left, in the log and the finish reason).
+heartbeat (``heartbeat``) and the watchdog of its database calls, and close (the
+final writes, this worker's leases released, and an honest account of what is
+left, in the log and the finish reason).
 
 What runs on the database thread is in ``jobdb``; this is the reactor side.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from scrapy import Request, Spider, signals
-from twisted.internet import task
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from scrapy_reliability import _exitcode, _feeds, _jobs
+from scrapy_reliability._executor import the_reactor
 from scrapy_reliability._process import GC_FREEZE
+from scrapy_reliability._watchdog import Watchdog
 from scrapy_reliability.frontier import FrontierError, JobFinished
 from scrapy_reliability.frontier.dialect import redact
 from scrapy_reliability.frontier.schema import JOB_RUNNING
-from scrapy_reliability.frontier.store import UNPROCESSED_CLASSES, is_storage_failure
+from scrapy_reliability.frontier.store import UNPROCESSED_CLASSES
 from scrapy_reliability.scheduling import engine, jobdb, start_lines, stock_jobdir
 from scrapy_reliability.scheduling.claims import ClaimBuffer
 from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.heartbeat import Heartbeat, report_db
 from scrapy_reliability.scheduling.outcomes import Outcomes
 from scrapy_reliability.scheduling.storage import StorageHealth
 from scrapy_reliability.scheduling.writes import WritePipeline
 
 if TYPE_CHECKING:
-    from scrapy.statscollectors import StatsCollector
-
     from scrapy_reliability.dupefilter import DupeFilter
-    from scrapy_reliability.frontier import Frontier
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
 
@@ -59,7 +59,8 @@ class Session:
         # Set when this worker joined a job that had already finished (or could
         # not open one): nothing is scheduled.
         self.job_finished = False
-        self._heartbeat: task.LoopingCall | None = None
+        self.heartbeat = Heartbeat(ctx, storage, claims, outcomes)
+        self._watchdog: Watchdog | None = None
         self._unhook: Callable[[], None] | None = None
         # Set when the run ends incomplete: replaces Scrapy's "finished".
         self._finish_reason: str | None = None
@@ -94,6 +95,20 @@ class Session:
             d.addCallback(self._adopted)
         return d.addCallbacks(self._opened, self._open_failed)
 
+    def _silent(self, seconds: float) -> None:
+        """(The watchdog's thread.) A database call has not returned for the
+        give-up time: end the frontier's connections, so that every call blocked
+        on them fails at once, and stop the crawl in one line."""
+        self.storage.silenced(seconds)
+        the_reactor().callFromThread(self.storage.stop_silent)
+        if self.ctx.frontier is not None:
+            self.ctx.frontier.sever()
+
+    def _shutdown(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        self.ctx.shutdown()
+
     def _stock_jobdir(self, spider: Spider) -> stock_jobdir.StockJobdir | None:
         """Scrapy's own crawl state in JOBDIR, to adopt into a new job."""
         files = stock_jobdir.find(self.ctx.crawler.settings)
@@ -107,7 +122,7 @@ class Session:
         return opened
 
     def _open_failed(self, failure: Failure) -> Failure | None:
-        self.ctx.db.shutdown()
+        self._shutdown()
         if not isinstance(failure.value, FrontierError):
             return failure
         # Say what to do, plainly and once. (Most such errors are found before the
@@ -223,9 +238,15 @@ class Session:
         self._unhook = engine.hook_scrape_completion(
             ctx.crawler, self._downloaded, self.outcomes.scraped
         )
-        self._heartbeat = task.LoopingCall(self._beat)
-        self._heartbeat.clock = ctx.clock  # type: ignore[assignment]
-        self._heartbeat.start(ctx.config.heartbeat_seconds, now=False)
+        self.heartbeat.start()
+        if ctx.watched:
+            # From now on every call is short (the server ends a statement after
+            # RELIABILITY_POSTGRES_STATEMENT_TIMEOUT): one that does not return within
+            # the give-up time waits on a silent link, and stops the crawl.
+            threads = [ctx.db, ctx.beats]
+            deadline = ctx.config.storage_give_up_seconds
+            self._watchdog = Watchdog(threads, deadline, self._silent)
+            self._watchdog.start()
 
     def _downloaded(self, request: Request) -> None:
         self.outcomes.scrape_started(request)
@@ -254,65 +275,19 @@ class Session:
                 extra=self.ctx.log(),
             )
 
-    # -- heartbeat ----------------------------------------------------------------------------
-
-    def _beat(self) -> None:
-        ctx = self.ctx
-        if ctx.job is None or ctx.closing:
-            return
-        assert ctx.frontier is not None
-        ctx.db.call_soon(
-            jobdb.beat,
-            self._beaten,
-            ctx.frontier,
-            ctx.worker_id,
-            ctx.job.id,
-            ctx.config.lease_seconds,
-        )
-
-    def _beaten(self, future: Future[tuple[int, int, dict[str, frozenset[str]]]]) -> None:
-        ctx = self.ctx
-        exc = future.exception()
-        if exc is not None:
-            if is_storage_failure(exc):
-                self.storage.trouble(exc)  # logged there, and stops the crawl in time
-                return
-            logger.error(
-                "Lease heartbeat failed: %(error)s",
-                {"error": self.storage.cause(exc)},
-                extra=ctx.log(),
-            )
-            return
-        self.storage.ok()
-        _renewed, expired, peers = future.result()
-        self.outcomes.peers.update(peers)
-        if ctx.frontier is not None:
-            _db_stats(ctx.stats, ctx.frontier)
-        if expired:
-            ctx.stats.inc_value("reliability/lease/recovered", expired)
-            logger.info(
-                "%(n)d expired leases of other workers went back to pending",
-                {"n": expired},
-                extra=ctx.log(),
-            )
-            self.claims.something_changed()
-            self.claims.wake_engine()
-
     # -- close --------------------------------------------------------------------------------
 
     def close(self, reason: str) -> Deferred[None]:
         ctx = self.ctx
         ctx.closing = True
-        if self._heartbeat is not None and self._heartbeat.running:
-            self._heartbeat.stop()
+        beating = self.heartbeat.stop()
         if self._unhook is not None:
             self._unhook()
         self.writes.stop()
         ctx.tally.flush()
         if ctx.frontier is None or ctx.job is None:
             self.claims.stop()
-            ctx.db.shutdown()
-            return succeed(None)
+            return beating.addCallback(lambda _: self._shutdown())
         finished = reason == "finished"
         if finished:
             self.outcomes.ignore_dropped()
@@ -320,7 +295,8 @@ class Session:
         never_started = self.claims.stop()
         # The database thread runs one call at a time, in order: the write in flight
         # (if any) ends before the final writes start, and they are skipped if it failed.
-        d = ctx.db.deferred(
+        # A link gone silent is not waited for again: its leases expire by themselves.
+        close = functools.partial(
             jobdb.close_job,
             ctx.frontier,
             ctx.job.id,
@@ -331,13 +307,14 @@ class Session:
             lease_seconds=ctx.config.lease_seconds,
             cause=self.storage.cause,
             spider=ctx.spider,
+            reachable=self.storage.silent is None,
         )
+        d = beating.addCallback(lambda _: ctx.db.deferred(close))
         return d.addCallback(self._closed, reason, never_started)
 
     def _closed(self, closing: jobdb.Closing, reason: str, never_started: int) -> None:
         ctx, stats = self.ctx, self.ctx.stats
-        if ctx.frontier is not None:
-            _db_stats(stats, ctx.frontier)
+        report_db(ctx)
         if closing.lost:
             stats.inc_value("reliability/lease/lost", closing.lost)
         stats.set_value("reliability/lease/released", closing.released)
@@ -367,7 +344,7 @@ class Session:
             )
         else:
             self._account_for_the_rest(closing, job)
-        ctx.db.shutdown()
+        self._shutdown()
 
     def _account_for_the_rest(self, closing: jobdb.Closing, job: str) -> None:
         """A finished close: the job is complete, or say what keeps it from being so."""
@@ -445,11 +422,3 @@ class Session:
             },
             extra=self.ctx.log(),
         )
-
-
-def _db_stats(stats: StatsCollector, frontier: Frontier) -> None:
-    """The database's own figures: round trips, and writes PostgreSQL aborted as
-    deadlocks (each ran again at once)."""
-    stats.set_value("reliability/db/round_trips", frontier.round_trips)
-    if frontier.deadlocks:
-        stats.set_value("reliability/db/deadlocks", frontier.deadlocks)

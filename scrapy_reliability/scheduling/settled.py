@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydispatch import dispatcher  # type: ignore[import-untyped]
 
 from scrapy_reliability import signals as reliability_signals
-from scrapy_reliability.frontier import LeaseLost, Outcome, Transition, WriteResult
+from scrapy_reliability.frontier import LeaseLost, Outcome, Transition, WriteBatch, WriteResult
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook
 
@@ -119,13 +120,13 @@ def send(crawler: Crawler, lease: Lease, tr: Transition, worker_id: str, to: Rec
 
 
 def account(
-    ctx: Context, leases: LeaseBook, result: WriteResult, transitions: Sequence[Transition]
+    ctx: Context, leases: LeaseBook, result: WriteResult, batch: WriteBatch
 ) -> tuple[set[str] | None, bool]:
-    """The committed ``transitions`` of a write (``result``): their leases end, their
-    stats count and their outcomes go to who listens; leases found lost are
-    forgotten and logged. Returns the domains whose leases ended (None when one is
-    not known) and whether rows went back to pending."""
-    by_id = {tr.task_id: tr for tr in transitions}
+    """The committed transitions of a write of ``batch`` (``result``): their leases
+    end, their stats count and their outcomes go to who listens; leases found lost
+    are forgotten and logged. Returns the domains whose leases ended (None when one
+    is not known) and whether rows went back to pending."""
+    by_id = {tr.task_id: tr for tr in batch.transitions}
     to = receivers(ctx.crawler)
     freed: set[str] | None = set()
     requeued = False
@@ -142,10 +143,59 @@ def account(
         if to is not None and lease is not None:
             send(ctx.crawler, lease, tr, ctx.worker_id, to)
     if result.lost:
-        ctx.stats.inc_value("reliability/lease/lost", len(result.lost))
         for task_id in result.lost:
             leases.forget(task_id, by_id[task_id].token)
             leases.end_settling(task_id, by_id[task_id].token)
-        logger.warning("%(error)s", {"error": LeaseLost(result.lost)}, extra=ctx.log())
+        if batch.retried:
+            _already_recorded(ctx, [by_id[task_id] for task_id in result.lost])
+        else:
+            _lost(ctx, result.lost)
     ctx.tally.flush()
     return freed, requeued
+
+
+def _lost(ctx: Context, task_ids: list[int]) -> None:
+    ctx.stats.inc_value("reliability/lease/lost", len(task_ids))
+    logger.warning("%(error)s", {"error": LeaseLost(task_ids)}, extra=ctx.log())
+
+
+#: The state a transition leaves its row in.
+_STATE_AFTER = {
+    Outcome.DONE: "done",
+    Outcome.IGNORED: "ignored",
+    Outcome.DEAD: "dead",
+    Outcome.RESCHEDULE: "pending",
+    Outcome.RELEASE: "pending",
+}
+
+
+def _already_recorded(ctx: Context, transitions: list[Transition]) -> None:
+    """Transitions of a write sent again after a failure whose outcome was unknown
+    found their rows no longer leased: those whose row is in the state they ask for
+    were applied by the first attempt, which committed before its connection
+    failed (an ambiguous commit: nothing lost, nothing done twice); the others'
+    leases were lost. One read, only in this rare case."""
+    frontier = ctx.frontier
+    if frontier is None:
+        return
+    ids = [tr.task_id for tr in transitions]
+
+    def read(future: Future[dict[int, str]]) -> None:
+        states = {} if future.exception() is not None else future.result()
+        applied = {
+            tr.task_id for tr in transitions if states.get(tr.task_id) == _STATE_AFTER[tr.outcome]
+        }
+        lost = [task_id for task_id in ids if task_id not in applied]
+        if applied:
+            ctx.stats.inc_value("reliability/write/already_recorded", len(applied))
+            logger.info(
+                "%(n)d frontier changes were already recorded when their write was sent "
+                "again: its first attempt committed before its connection failed (an "
+                "ambiguous commit); nothing was lost or done twice",
+                {"n": len(applied)},
+                extra=ctx.log(),
+            )
+        if lost:
+            _lost(ctx, lost)
+
+    ctx.db.call_soon(frontier.states_of, read, ids)

@@ -351,7 +351,7 @@ class WritePipeline:
                 self.written.keep(row.fingerprint, row.payload, request)
         inserted = len(result.inserted)
         stats.inc_value("reliability/stored", inserted)
-        freed, requeued = settled.account(self.ctx, self.leases, result, batch.transitions)
+        freed, requeued = settled.account(self.ctx, self.leases, result, batch)
         if result.adapted:
             report_adapted(self.ctx, result.adapted)
         if inserted or result.settled:
@@ -369,6 +369,7 @@ class WritePipeline:
         (a request, recorded as such), buried or left unresolved (a transition)."""
         self.ctx.stats.inc_value("reliability/write/errors")
         if is_storage_failure(exc):
+            batch.retried = True  # it may have committed before the failure
             self.split.appendleft((batch, requests))
             if not self.storage.trouble(exc):
                 self.schedule()

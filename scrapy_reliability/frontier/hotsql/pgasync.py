@@ -11,16 +11,20 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from scrapy_reliability.frontier import pgsession
 from scrapy_reliability.frontier.hotsql.postgres import driver_error
 
 
 class AsyncStatements:
     """One psycopg ``AsyncConnection`` in autocommit, opened on first use (again
-    after it was lost) with the engine's own connection arguments. Not
-    thread-safe: one caller at a time, on the event loop's thread."""
+    after it was lost) with the engine's own connection arguments and session
+    limits (:mod:`..pgsession`). Not thread-safe: one caller at a time, on the
+    event loop's thread."""
 
     def __init__(self, engine: Engine):
+        self._engine = engine
         self._args, self._kwargs = engine.dialect.create_connect_args(engine.url)
+        self._kwargs = {**self._kwargs, **pgsession.async_args(engine)}
         self._dbapi: Any = engine.dialect.loaded_dbapi
         self._conn: Any = None
 
@@ -31,9 +35,15 @@ class AsyncStatements:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = None
-                self._conn = await self._dbapi.AsyncConnection.connect(
+                conn = await self._dbapi.AsyncConnection.connect(
                     *self._args, **self._kwargs, autocommit=True
                 )
+                try:
+                    await pgsession.limit_async(self._engine, conn)
+                except BaseException:
+                    await conn.close()
+                    raise
+                self._conn = conn
             cursor = await self._conn.execute(sql, params)
             row: Sequence[Any] | None = await cursor.fetchone()
         except self._dbapi.Error as exc:

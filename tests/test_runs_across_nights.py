@@ -220,3 +220,41 @@ def test_the_domains_command_shows_what_was_learned_and_forgets_it(
     again = frontier_cmd(tmp_path, "domains", *where, "--forget")
     assert "No learned limit in job cli" in again.stdout
     frontier.close()
+
+
+def _finished_run(frontier: Frontier, name: str, workers: list[tuple[float, float]]) -> int:
+    """A run of job ``name`` whose workers ran (started, stopped) as given, finished
+    when the last stopped."""
+    job = frontier.open_job(name, "s", restart_finished=True, now=workers[0][0]).id
+    for n, (started, _) in enumerate(workers):
+        frontier.register_worker(job, f"{name}-w{n}", "host", 100 + n, now=started)
+    for n, (_, stopped) in enumerate(workers):
+        frontier.stop_worker(f"{name}-w{n}", now=stopped)
+    assert frontier.finish_job_if_complete(job, now=max(s for _, s in workers))
+    return job
+
+
+def test_a_worker_starting_just_after_its_fleet_finished_is_late_not_a_new_run(
+    frontier: Frontier,
+) -> None:
+    from scrapy_reliability.frontier import JobFinished
+
+    # Two workers side by side, finished at 100: a third starting at 110 is late.
+    _finished_run(frontier, "fleet", [(0.0, 99.0), (5.0, 100.0)])
+    with pytest.raises(JobFinished, match="fleet of 2 workers: this worker came late"):
+        frontier.open_job("fleet", "s", restart_finished=True, late_within=30.0, now=110.0)
+    # Told to (RELIABILITY_RESTART_FINISHED = True: no window), or later, a new run.
+    again = frontier.open_job("fleet", "s", restart_finished=True, now=111.0)
+    assert again.generation == 2 and not again.resumed
+
+    # One worker killed and its successor (which stopped it as it began) finishing:
+    # no fleet, so the next crawl, even at once, is a new run.
+    _finished_run(frontier, "alone", [(0.0, 50.2), (50.0, 100.0)])
+    assert (
+        frontier.open_job("alone", "s", restart_finished=True, late_within=30.0, now=101.0)
+    ).generation == 2
+    # A fleet that finished longer ago than the window: a new run.
+    _finished_run(frontier, "night", [(0.0, 99.0), (5.0, 100.0)])
+    assert (
+        frontier.open_job("night", "s", restart_finished=True, late_within=30.0, now=131.0)
+    ).generation == 2

@@ -80,10 +80,17 @@ class JobMismatch(FrontierError):
 class JobFinished(FrontierError):
     """The job's last run finished: a worker that joins it has nothing to do."""
 
-    def __init__(self, name: str, generation: int, finished_at: float | None):
+    def __init__(self, name: str, generation: int, finished_at: float | None, *, fleet: int = 0):
         self.name = name
         self.generation = generation
         self.finished_at = finished_at
+        if fleet:
+            super().__init__(
+                f"Job {name!r} (run {generation}) was just finished by a fleet of {fleet} "
+                "workers: this worker came late for that run and crawls nothing. "
+                "RELIABILITY_RESTART_FINISHED = True starts the next run now."
+            )
+            return
         super().__init__(
             f"Job {name!r} (run {generation}) already finished and "
             "RELIABILITY_RESTART_FINISHED is False: nothing is crawled. Unset it (a finished "

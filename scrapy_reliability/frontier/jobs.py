@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, Table, delete, func, select, update
 
@@ -43,6 +44,7 @@ def open_job(
     now: float,
     recrawl: RecrawlRules | None = None,
     rules: learned.LearnedRules | None = None,
+    late_within: float = 0.0,
 ) -> Job:
     """See :meth:`Frontier.open_job`; raises IntegrityError when another worker
     created the same generation meanwhile."""
@@ -64,6 +66,8 @@ def open_job(
     ).first()
     if row is not None and row.state != JOB_RUNNING and not (reuse_finished or restart_finished):
         raise JobFinished(name, row.generation, row.finished_at)
+    if row is not None and row.state != JOB_RUNNING and not reuse_finished and late_within > 0:
+        _refuse_a_late_worker(conn, name, row, late_within, now)
     if row is not None and (row.state == JOB_RUNNING or reuse_finished):
         if row.dedup_scheme != dedup_scheme:
             raise JobMismatch(
@@ -128,6 +132,34 @@ def open_job(
         previous_ended_at=row.finished_at,
         learned=learned.carry(conn, row.id, job_id, rules, now),
     )
+
+
+def _refuse_a_late_worker(
+    conn: Connection, name: str, row: Any, late_within: float, now: float
+) -> None:
+    """A worker of a fleet started a little after its fellows finished the run: it
+    is late for that run, not the first of the next (which would crawl everything
+    again alone). Counts only a run finished less than ``late_within`` seconds ago
+    by two workers or more alive together: the worker that stopped last and those
+    that ran beside it (a predecessor it took leases back from stopped as it began)."""
+    if row.finished_at is None or now - float(row.finished_at) >= late_within:
+        return
+    ran = conn.execute(
+        select(workers.c.started_at, workers.c.stopped_at).where(workers.c.job_id == row.id)
+    ).all()
+    ended = [r for r in ran if r.stopped_at is not None]
+    if not ended:
+        return
+    last = max(ended, key=lambda r: float(r.stopped_at))
+    # Beside it: still registered as running, or stopped well after it began.
+    fleet = 1 + sum(
+        1
+        for r in ran
+        if r is not last
+        and (r.stopped_at is None or float(r.stopped_at) > float(last.started_at) + 1.0)
+    )
+    if fleet >= 2:
+        raise JobFinished(name, row.generation, row.finished_at, fleet=fleet)
 
 
 def _last_seen(conn: Connection, job_id: int) -> float | None:

@@ -157,16 +157,17 @@ class Frontier:
         restart_finished: bool = False,
         recrawl: RecrawlRules | None = None,
         learned: LearnedRules | None = None,
+        late_within: float = 0.0,
         now: float | None = None,
     ) -> Job:
         """The running job of that name, or its first run when none exists.
 
         When the last run finished: with ``reuse_finished`` (a retry pass) that run
-        is returned; with ``restart_finished`` a new run (generation) starts;
-        otherwise :class:`JobFinished` is raised. With ``recrawl`` (incremental
-        recrawls on) a finished run is returned with its due rows pending again
-        (see :mod:`scrapy_reliability.frontier.recrawl`). ``learned`` decides what a
-        new or resumed run keeps of the domains' learned limits (:mod:`.learned`).
+        is returned; with ``restart_finished`` a new run (generation) starts, unless a
+        fleet finished it less than ``late_within`` s ago; otherwise :class:`JobFinished`.
+        With ``recrawl`` (incremental recrawls) a finished run is returned with its due
+        rows pending again (:mod:`.recrawl`). ``learned`` decides what a new or resumed
+        run keeps of the domains' learned limits (:mod:`.learned`).
 
         ``dedup_scheme`` (the fingerprinter) and ``url_policy`` (its canonical URL
         policy version, None for none) must be the job's: :class:`JobMismatch`
@@ -185,12 +186,12 @@ class Frontier:
                     now=at,
                     recrawl=rules,
                     rules=learned,
+                    late_within=late_within,
                 )
 
         try:
             return opened(restart_finished, recrawl)
-        except IntegrityError:
-            # Another worker created this generation at the same moment: join it.
+        except IntegrityError:  # another worker created this run at the same moment: join it
             return opened(False, None)
 
     def prune_runs(self, name: str, keep: int, *, chunk: int = 20_000) -> tuple[int, int]:

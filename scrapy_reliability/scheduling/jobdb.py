@@ -121,6 +121,8 @@ def open_job(
                 restart_finished=restarts(config),
                 recrawl=config.recrawl if config.recrawl.on else None,
                 learned=LearnedRules(config.politeness, config.adaptive_memory),
+                # Unless told: a worker starting just after its fleet finished is late.
+                late_within=config.lease_seconds if config.restart_finished is None else 0.0,
             )
         except JobFinished as exc:
             frontier.close()

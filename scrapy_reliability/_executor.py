@@ -4,7 +4,9 @@ except where it chooses to (an empty request buffer)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import sys
 import threading
 import time
 from collections import deque
@@ -12,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from twisted.internet import task
 from twisted.internet.defer import Deferred
 
 from scrapy_reliability._process import SWITCH
@@ -20,29 +23,123 @@ from scrapy_reliability._process import SWITCH
 # importable from this module.
 from scrapy_reliability.frontier.errors import WouldWait
 
-__all__ = ["DatabaseThread", "WouldWait", "the_reactor"]
+__all__ = ["DatabaseThread", "LoopClock", "WouldWait", "looping_call", "the_reactor"]
 
 T = TypeVar("T")
 
 
+class _LoopCall:
+    """A timer of :class:`LoopClock`: the part of Twisted's ``IDelayedCall`` the
+    package uses (``active``, ``cancel``, ``getTime``)."""
+
+    __slots__ = ("_at", "_done", "_handle")
+
+    def __init__(self, at: float) -> None:
+        self._at = at
+        self._done = False
+        self._handle: asyncio.TimerHandle | None = None
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+        self._done = True
+        fn(*args, **kw)
+
+    def active(self) -> bool:
+        return not self._done
+
+    def cancel(self) -> None:
+        if not self._done and self._handle is not None:
+            self._done = True
+            self._handle.cancel()
+
+    def getTime(self) -> float:
+        return self._at
+
+
+class LoopClock:
+    """Twisted's reactor timers and thread hand-off on an asyncio event loop, for
+    Scrapy's reactorless mode (``TWISTED_REACTOR_ENABLED = False``, Scrapy 2.19+),
+    where importing ``twisted.internet.reactor`` is forbidden. ``seconds()`` is
+    wall-clock time, as the reactor's is."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def seconds(self) -> float:
+        return time.time()
+
+    def callLater(self, delay: float, fn: Callable[..., Any], *args: Any, **kw: Any) -> _LoopCall:
+        delay = max(0.0, float(delay))
+        call = _LoopCall(time.time() + delay)
+        call._handle = self.loop.call_later(delay, call._run, fn, args, kw)
+        return call
+
+    def callFromThread(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
+        # A closed loop: the crawl is over, as after reactor.stop().
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(functools.partial(fn, *args, **kw))
+
+
+#: The clock of the loop the crawl runs on, made by the first call of the_reactor()
+#: in reactorless mode (a list: no module global is rebound).
+_loop_clocks: list[LoopClock] = []
+
+
+def reactorless() -> bool:
+    """Whether Scrapy runs without a Twisted reactor (2.19's reactorless mode): no
+    reactor imported, and an asyncio loop running in this thread (or one this
+    process already runs the crawl on)."""
+    if "twisted.internet.reactor" in sys.modules:
+        return False
+    if _loop_clocks and not _loop_clocks[-1].loop.is_closed():
+        return True
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def the_reactor() -> Any:
-    """The installed Twisted reactor (imported late: importing it installs one)."""
+    """The installed Twisted reactor (imported late: importing it installs one),
+    or, in Scrapy's reactorless mode, a :class:`LoopClock` on the crawl's loop."""
+    if reactorless():
+        if not _loop_clocks or _loop_clocks[-1].loop.is_closed():
+            _loop_clocks[:] = [LoopClock(asyncio.get_running_loop())]
+        return _loop_clocks[-1]
     from twisted.internet import reactor
 
     return reactor
 
 
+def looping_call(clock: Any, fn: Callable[[], object]) -> task.LoopingCall:
+    """Twisted's LoopingCall on ``clock`` (its constructor imports the reactor,
+    which reactorless Scrapy forbids)."""
+    call = task.LoopingCall.__new__(task.LoopingCall)
+    call.f, call.a, call.kw = fn, (), {}
+    call.clock = clock
+    return call
+
+
 def _call_soon(fn: Callable[..., Any], *args: Any) -> None:
     """``fn(*args)`` on the reactor thread's next turn: through asyncio's own
-    queue under Scrapy's default asyncio reactor (a Twisted timer costs more)."""
+    queue under Scrapy's default asyncio reactor or without a reactor (a Twisted
+    timer costs more)."""
     if _asyncio_reactor():
         asyncio.get_event_loop().call_soon(fn, *args)
     else:
         the_reactor().callLater(0, fn, *args)
 
 
-@functools.cache
 def _asyncio_reactor() -> bool:
+    """Whether the crawl runs on an asyncio loop: Scrapy's asyncio reactor, or no
+    reactor at all."""
+    if "twisted.internet.reactor" not in sys.modules:
+        return reactorless()
+    return _asyncio_reactor_installed()
+
+
+@functools.cache
+def _asyncio_reactor_installed() -> bool:
     from scrapy.utils.reactor import is_asyncio_reactor_installed
 
     return is_asyncio_reactor_installed()

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
+#: Duplicates are logged as stock Scrapy logs them, under its dupefilter's logger.
+duplicates_logger = logging.getLogger("scrapy.dupefilters")
 
 # Standalone mode writes seen fingerprints in batches of this many.
 _FLUSH_EVERY = 256
@@ -99,6 +101,9 @@ class DupeFilter(BaseDupeFilter):
         self.recent = RecentKeys(config.dedup_cache_size)
         self.start_pages = StartPages()
         self.debug = crawler.settings.getbool("DUPEFILTER_DEBUG")
+        #: False when the project's DUPEFILTER_CLASS is Scrapy's BaseDupeFilter: no
+        #: request is a duplicate of another.
+        self.filtering = True
         self._logged_once = False
         # Standalone mode only:
         self._frontier: Frontier | None = None
@@ -134,6 +139,8 @@ class DupeFilter(BaseDupeFilter):
         ``adopted`` from a stock JOBDIR a start request's first copy is keyed by its
         plain fingerprint, as Scrapy's requests.seen names a start page it fetched
         (frontier/adoption.py)."""
+        if not self.filtering and not request.dont_filter:
+            return f"u:{uuid.uuid4().hex}"
         fingerprint = self.key(request)
         first = fingerprint if adopted else f"s:{fingerprint}"
         if not request.dont_filter:
@@ -155,19 +162,28 @@ class DupeFilter(BaseDupeFilter):
     # -- standalone mode (Scrapy's own scheduler calls these) -------------------------------
 
     def open(self) -> None:
+        # Scrapy's own scheduler may open it before the spider exists: the job is
+        # named after the spider class, which is known from the start.
         spider = self.crawler.spider
-        assert spider is not None
+        name = str(getattr(spider if spider is not None else self.crawler.spidercls, "name", ""))
+        if not name:
+            raise ValueError(
+                "scrapy_reliability.DupeFilter needs a spider with a name (it names the "
+                "job and its database); give the spider class a `name`."
+            )
         settings = self.crawler.settings
-        url = _jobs.database_url(self.config, settings, spider.name)
+        url = _jobs.database_url(self.config, settings, name)
         self._frontier = Frontier.connect(
             url,
             auto_migrate=self.config.auto_migrate,
             busy_timeout=self.config.sqlite_busy_timeout,
         )
         self._job = self._frontier.open_job(
-            _jobs.job_name(self.config, settings, spider.name) + ":dupefilter",
+            _jobs.job_name(self.config, settings, name) + ":dupefilter",
             self.scheme,
             url_policy=self.url_policy,
+            # As Scrapy's requests.seen: what a finished crawl saw is still seen.
+            reuse_finished=True,
         )
 
     def request_seen(self, request: Request) -> bool:
@@ -206,13 +222,13 @@ class DupeFilter(BaseDupeFilter):
 
     def log(self, request: Request, spider: Spider | Any) -> None:
         if self.debug:
-            logger.debug(
+            duplicates_logger.debug(
                 "Filtered duplicate request: %(request)s (referer: %(referer)s)",
                 {"request": request, "referer": referer_str(request)},
                 extra={"spider": spider},
             )
         elif not self._logged_once:
-            logger.debug(
+            duplicates_logger.debug(
                 "Filtered duplicate request: %(request)s - no more duplicates will be "
                 "shown (see DUPEFILTER_DEBUG to show all duplicates)",
                 {"request": request},

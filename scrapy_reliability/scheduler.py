@@ -23,10 +23,12 @@ Contract with the engine (see :class:`scrapy.core.scheduler.BaseScheduler`):
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.dupefilters import BaseDupeFilter
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet.defer import Deferred
@@ -59,6 +61,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = ["TASK_META", "Scheduler"]
+
+logger = logging.getLogger(__name__)
 
 
 class Scheduler(BaseScheduler):
@@ -137,7 +141,17 @@ class Scheduler(BaseScheduler):
         scrapy_hooks.check()
         config = Config.from_settings(crawler.settings)
         dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
-        dupefilter = build_from_crawler(dupefilter_cls, crawler)
+        if dupefilter_cls is BaseDupeFilter:
+            # Scrapy's filter that filters nothing: the project turned deduplication
+            # off, and every request gets a row of its own, as with dont_filter.
+            dupefilter = DupeFilter.from_crawler(crawler)
+            dupefilter.filtering = False
+            logger.info(
+                "DUPEFILTER_CLASS is scrapy.dupefilters.BaseDupeFilter: no request is "
+                "dropped as a duplicate (each is stored and fetched, as with dont_filter)."
+            )
+        else:
+            dupefilter = build_from_crawler(dupefilter_cls, crawler)
         if not isinstance(dupefilter, DupeFilter):
             raise ValueError(
                 "scrapy_reliability.Scheduler deduplicates with its frontier and needs "

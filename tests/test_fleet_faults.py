@@ -269,10 +269,20 @@ def test_a_worker_frozen_or_cut_off_inside_a_transaction_does_not_stop_the_other
                         tmp_path, site, a_url, postgres_url, run
                     )
                     started = time.monotonic()
-                    a_proc, b_proc = a.start(), b.start()
+                    # A starts first: the fleet's 12 slots (3 domains, 4 at once) go to
+                    # whoever claims first, and a B that took them all would leave A
+                    # nothing to hold when the fault comes.
+                    a_proc = a.start()
+                    while not read_jsonl(a_items):
+                        assert a_proc.poll() is None, a.log()[-3000:]
+                        time.sleep(0.05)
+                    b_proc = b.start()
                     # A has been crawling for a while: it holds leases in every domain.
                     while len(read_jsonl(a_items)) < 100:
-                        assert a_proc.poll() is None and b_proc.poll() is None
+                        assert a_proc.poll() is None and b_proc.poll() is None, (
+                            f"{run}: a worker ended before A had 100 items:\n"
+                            f"B: {b.log()[-2500:]}\nA: {a.log()[-2500:]}"
+                        )
                         time.sleep(0.05)
                     if run == "frozen":
                         frozen_in_transaction(admin, a_proc, "worker-a")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
@@ -23,7 +23,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import task
 
 from scrapy_reliability import signals as reliability_signals
-from scrapy_reliability._executor import DatabaseThread
+from scrapy_reliability._executor import DatabaseThread, looping_call, the_reactor
 from scrapy_reliability.config import Config, limits_text
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.inspect import Inspector, Probe
@@ -121,7 +121,7 @@ class CrawlMonitor:
         self._started = time.time()
         if self.settings.summary_interval > 0:
             self._interval_started = time.time()
-            self._summary = task.LoopingCall(self._summarize)
+            self._summary = looping_call(the_reactor(), self._summarize)
             self._summary.start(self.settings.summary_interval, now=False)
         if self._metrics_app is not None:
             self._server = serve(self._metrics_app, self.settings, self.stats)
@@ -146,8 +146,10 @@ class CrawlMonitor:
             },
         )
 
-    async def _closed(self, spider: Any, reason: str) -> None:
-        # A coroutine: Scrapy 2.14+ deprecates signal handlers returning a Deferred.
+    def _closed(self, spider: Any, reason: str) -> Coroutine[Any, Any, None] | None:
+        # The database work as a coroutine (Scrapy 2.14+ deprecates signal handlers
+        # returning a Deferred), and only when there is some: a spider_closed sent by
+        # hand with the synchronous send_catch_log leaves no coroutine unawaited.
         if self._summary is not None and self._summary.running:
             self._summary.stop()
         if self._server is not None:
@@ -157,7 +159,10 @@ class CrawlMonitor:
         self._attempts.clear()
         db = self._db
         if db is None:
-            return
+            return None
+        return self._close_db(db)
+
+    async def _close_db(self, db: DatabaseThread) -> None:
         stats = self.crawler.stats
         stopped = stats.get_value("reliability/stopped") if stats is not None else None
         try:

@@ -34,7 +34,7 @@ def hook_scrape_completion(
     pipelines (``item_scraped``/``item_dropped``/``item_error`` sent). This wraps
     it; returns a function that removes the wrap.
     """
-    scraper = getattr(getattr(crawler, "engine", None), "scraper", None)
+    scraper = getattr(engine_of(crawler), "scraper", None)
     original = getattr(scraper, "enqueue_scrape", None)
     if scraper is None or original is None:
         raise RuntimeError(
@@ -92,15 +92,25 @@ def stop_crawl(crawler: Crawler, reason: str) -> None:
 def wake_engine(crawler: Crawler) -> None:
     """Ask the engine to call next_request() now rather than at its next
     5-second heartbeat (the engine's private slot's ``nextcall``)."""
-    engine = getattr(crawler, "engine", None)
+    engine = engine_of(crawler)
     nextcall = getattr(getattr(engine, "_slot", None), "nextcall", None)
     if nextcall is not None:
         nextcall.schedule()
 
 
+def engine_of(crawler: Crawler) -> Any:
+    """The crawler's engine, or None before the crawl creates it (Scrapy 2.19's
+    ``Crawler.engine`` raises RuntimeError then, older versions AttributeError or
+    give None)."""
+    try:
+        return getattr(crawler, "engine", None)
+    except RuntimeError:
+        return None
+
+
 def download_slots(crawler: Crawler) -> tuple[dict[str, Any], int]:
     """The downloader's slots by key, and its CONCURRENT_REQUESTS_PER_DOMAIN."""
-    downloader = getattr(getattr(crawler, "engine", None), "downloader", None)
+    downloader = getattr(engine_of(crawler), "downloader", None)
     slots: dict[str, Any] = getattr(downloader, "slots", None) or {}
     per_domain = int(getattr(downloader, "domain_concurrency", 0) or 0)
     return slots, per_domain
@@ -109,7 +119,7 @@ def download_slots(crawler: Crawler) -> tuple[dict[str, Any], int]:
 def engine_scheduler(crawler: Crawler) -> Any:
     """The engine's scheduler (a public attribute in Scrapy 2.13+, on the engine's
     private slot before)."""
-    engine = getattr(crawler, "engine", None)
+    engine = engine_of(crawler)
     scheduler = getattr(engine, "scheduler", None)
     if scheduler is None:
         scheduler = getattr(getattr(engine, "_slot", None), "scheduler", None)

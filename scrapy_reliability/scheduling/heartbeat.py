@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 
-from scrapy_reliability._executor import the_reactor
+from scrapy_reliability._executor import looping_call, the_reactor
 from scrapy_reliability.frontier.store import is_storage_failure
 from scrapy_reliability.scheduling import jobdb
 
@@ -46,8 +46,7 @@ class Heartbeat:
         self._in_flight: Future[tuple[int, int, dict[str, frozenset[str]]]] | None = None
 
     def start(self) -> None:
-        self._call = task.LoopingCall(self._beat)
-        self._call.clock = self.ctx.clock  # type: ignore[assignment]
+        self._call = looping_call(self.ctx.clock, self._beat)
         self._call.start(self.ctx.config.heartbeat_seconds, now=False)
 
     def stop(self) -> Deferred[None]:

@@ -66,6 +66,7 @@ class Addon:
         if bool_setting(settings, "RELIABILITY_RETRY_ENABLED", True):
             self._replace_retry_middleware(settings)
         self._enable_monitor(settings)
+        self._check_redirects(settings)
         self._watch_browser_downloads(settings)
         self._cache_policy(settings)
         # What can keep the crawl from starting fails now, before Scrapy builds its
@@ -120,6 +121,27 @@ class Addon:
         user = settings.getdict("EXTENSIONS")
         if not any(load_object(key) is CrawlMonitor for key in user):
             settings.set_in_component_priority_dict("EXTENSIONS", CrawlMonitor, 500)
+
+    @staticmethod
+    def _check_redirects(settings: BaseSettings) -> None:
+        """RedirectTargetCheck just above RedirectMiddleware's number (its
+        process_response runs first): a redirect to no URL is a permanent failure."""
+        from scrapy.downloadermiddlewares.redirect import RedirectMiddleware
+        from scrapy.utils.misc import load_object
+
+        from scrapy_reliability.redirects import RedirectTargetCheck
+
+        numbers = {
+            **settings.getdict("DOWNLOADER_MIDDLEWARES_BASE"),
+            **settings.getdict("DOWNLOADER_MIDDLEWARES"),
+        }
+        priority = next(
+            (v for k, v in numbers.items() if load_object(k) is RedirectMiddleware), None
+        )
+        if priority is not None:
+            settings.set_in_component_priority_dict(
+                "DOWNLOADER_MIDDLEWARES", RedirectTargetCheck, int(priority) + 1
+            )
 
     @staticmethod
     def _replace_retry_middleware(settings: BaseSettings) -> None:

@@ -89,6 +89,7 @@ _PERMANENT_EXCEPTIONS = frozenset(
         "NoRouteError",
         "NotSupported",
         "UnsupportedURLSchemeError",
+        "InvalidRedirect",  # scrapy_reliability.redirects: a Location that is no URL
     }
 )
 _CANCELLED_EXCEPTIONS = frozenset({"CancelledError"})

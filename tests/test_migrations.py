@@ -407,3 +407,64 @@ def test_workers_starting_together_create_a_fresh_database_once(postgres_url: st
     finally:
         for e in engines:
             e.dispose()
+
+
+def test_a_new_sqlite_frontier_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """The frontier holds request headers, bodies and cached pages: a new SQLite file,
+    and the -wal and -shm files SQLite makes beside it, are created 0600 whatever the
+    umask; a file that exists keeps its mode."""
+    import os
+    import stat
+
+    from scrapy_reliability.frontier import Frontier
+
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "new" / "frontier.sqlite"
+        frontier = Frontier.connect(f"sqlite:///{path}")
+        job = frontier.open_job("private", "scheme")
+        frontier.add_fingerprints(job.id, ["a" * 40])
+        made = [p for p in path.parent.iterdir() if p.name.startswith("frontier.sqlite")]
+        assert {p.name for p in made} >= {"frontier.sqlite", "frontier.sqlite-wal"}
+        assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in made} == {
+            p.name: 0o600 for p in made
+        }
+        frontier.close()
+        shared = tmp_path / "shared.sqlite"
+        shared.touch(mode=0o640)
+        shared.chmod(0o640)
+        Frontier.connect(f"sqlite:///{shared}").close()
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o640
+    finally:
+        os.umask(old)
+
+
+def test_the_sqlite_lock_is_taken_on_the_real_file(tmp_path: Path) -> None:
+    """A symlink to the frontier file, or a file: URI naming it, takes the same
+    process lock as its real path: a second crawl is refused, not let in beside the
+    first. The lock file is created 0600."""
+    import stat
+
+    from sqlalchemy.engine import make_url
+
+    from scrapy_reliability.frontier.dialect import SqliteProcessLock
+    from scrapy_reliability.frontier.errors import FrontierLocked
+
+    real = tmp_path / "data" / "frontier.sqlite"
+    real.parent.mkdir()
+    real.touch()
+    link = tmp_path / "link.sqlite"
+    link.symlink_to(real)
+    first = SqliteProcessLock(make_url(f"sqlite:///{real}"))
+    first.acquire()
+    try:
+        assert first.path is not None
+        assert stat.S_IMODE(first.path.stat().st_mode) == 0o600
+        for other in (f"sqlite:///{link}", f"sqlite:///file:{real}?mode=rwc&uri=true"):
+            with pytest.raises(FrontierLocked, match="in use by pid"):
+                SqliteProcessLock(make_url(other)).acquire()
+    finally:
+        first.release()
+    again = SqliteProcessLock(make_url(f"sqlite:///{link}"))
+    again.acquire()
+    again.release()

@@ -431,6 +431,35 @@ def test_robots_crawl_delay_is_a_lower_bound(tmp_path: Path):
     assert max(worst.values()) <= 3
 
 
+@pytest.mark.slow
+def test_a_redirected_robots_txt_keeps_its_crawl_delay(tmp_path: Path):
+    """127.0.0.2's robots.txt redirects to 127.0.0.3's (as a site moving to www. or
+    https does): its Crawl-delay is 127.0.0.2's, as Scrapy's robots middleware takes
+    it, and bounds that host's pace too."""
+    config = SiteConfig(
+        hosts=("127.0.0.2", "127.0.0.3"), pages=12, crawl_delay=0.5, robots_redirect="127.0.0.3"
+    )
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        items = tmp_path / "items.jsonl"
+        crawl = Crawl(
+            make_project(tmp_path),
+            site.start_urls(),
+            f"JOBDIR={tmp_path / 'job'}",
+            f"ITEMS_PATH={items}",
+            "ROBOTSTXT_OBEY=True",
+            "RELIABILITY_DOMAIN_RATE=50",
+            "RELIABILITY_DOMAIN_BURST=5",
+        )
+        assert crawl.run(timeout=300) == 0, crawl.log()[-2000:]
+        log = read_jsonl(site.log_path)
+    for host in config.hosts:
+        assert f"robots.txt of {host} asks for Crawl-delay 0.5" in crawl.log(), host
+    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(12)}
+    worst = {host: max_per_window(times) for host, times in per_host_times(log).items()}
+    print(f"redirected robots.txt, Crawl-delay 0.5: most requests of a host in 1 s: {worst}")
+    assert max(worst.values()) <= 3
+
+
 def test_ban_signals():
     from scrapy.http import HtmlResponse, Request, TextResponse
 

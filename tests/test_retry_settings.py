@@ -234,3 +234,17 @@ def test_an_empty_200_is_a_success_not_a_ban(tmp_path: Path, frontier_url: str) 
     finally:
         engine.dispose()
     assert domain is None or (domain.paused_until == 0 and domain.pause_reason is None), domain
+
+
+def test_a_redirect_to_no_url_is_a_permanent_failure(tmp_path: Path, frontier_url: str) -> None:
+    """A 301 whose Location is no URL (Scrapy's redirect middleware raises ValueError):
+    asked once, as stock asks it, and a dead letter of class permanent naming
+    ``invalid_redirect``, which a retry pass of transient failures leaves alone."""
+    with SiteProcess(SITE, log_path=tmp_path / "site.jsonl") as site:
+        urls = [site.url(0, "/bad-redirect"), site.url(0, "/")]
+        stock, ours = _both(tmp_path, site, frontier_url, urls)
+    assert ours.requests["/bad-redirect"] == stock.requests["/bad-redirect"] == 1
+    row = _rows(frontier_url)["/bad-redirect"]
+    assert (row["state"], row["error_class"]) == ("dead", "permanent"), row
+    assert "invalid_redirect" in row["last_error"] and "Invalid IPv6 URL" in row["last_error"]
+    assert ours.stats["reliability/dead/permanent"] == 1

@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import quote_plus
+from urllib.parse import quote_plus, unquote, urlsplit
 
 from sqlalchemy import (
     Connection,
@@ -165,6 +165,7 @@ def create(
             database = url.database or ""
             if database and database != ":memory:" and not database.startswith("file:"):
                 _make_parent(Path(database), given_by)
+                _create_private(Path(database))
             engine = create_engine(
                 url,
                 connect_args={"timeout": busy_timeout, "check_same_thread": False},
@@ -223,6 +224,16 @@ def _make_parent(path: Path, given_by: str = URL_SETTING) -> None:
             f"Cannot create the directory of the SQLite frontier {path}: {exc.strerror}. "
             f"Point {point_elsewhere(given_by)} at a writable directory."
         ) from None
+
+
+def _create_private(path: Path) -> None:
+    """Create a new SQLite frontier file readable by its owner only (0600): it holds
+    request headers, bodies and cached pages. SQLite gives its -wal and -shm files
+    the database file's mode. An existing file keeps its mode."""
+    # FileExistsError, or a directory it cannot write in: SQLite's connect then says
+    # what is wrong, as for any unusable path.
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -355,6 +366,19 @@ def migration_lock(conn: Connection) -> Iterator[None]:
     yield
 
 
+def _sqlite_real_path(database: str) -> str | None:
+    """The resolved path of the file a SQLite URL's database names (symlinks
+    followed; a ``file:`` URI's path); None for an in-memory database."""
+    if not database or database == ":memory:":
+        return None
+    if database.startswith("file:"):
+        split = urlsplit(database)
+        if not split.path or "mode=memory" in split.query:
+            return None
+        database = unquote(split.path)
+    return os.path.realpath(database)
+
+
 class SqliteProcessLock:
     """One process per SQLite frontier file.
 
@@ -365,10 +389,10 @@ class SqliteProcessLock:
     """
 
     def __init__(self, url: URL):
-        database = url.database or ""
-        self.path: Path | None = None
-        if database and database != ":memory:" and not database.startswith("file:"):
-            self.path = Path(database + ".lock")
+        # Beside the file itself: a symlink, a relative path or a file: URI naming the
+        # same database takes the same lock.
+        real = _sqlite_real_path(url.database or "")
+        self.path: Path | None = None if real is None else Path(f"{real}.lock")
         self._fh: IO[str] | None = None
 
     def acquire(self) -> None:
@@ -376,7 +400,7 @@ class SqliteProcessLock:
             return
         _make_parent(self.path)
         try:
-            fh = self.path.open("a+")
+            fh = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600), "r+")
         except OSError as exc:
             raise FrontierUnavailable(
                 f"Cannot create the SQLite frontier lock {self.path}: {exc.strerror}. Point "

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from scrapy import Request, Spider
 from scrapy.utils.httpobj import urlparse_cached
@@ -122,9 +123,15 @@ class LocalPoliteness:
     def robots_fetched(self, response: Any, request: Request) -> DomainUpdate | None:
         """robots.txt of a domain arrived: its Crawl-delay bounds the domain's gap
         (the update to write); None for any other response."""
-        if not self.obey_robots or urlparse_cached(request).path != "/robots.txt":
+        if not self.obey_robots:
             return None
-        domain = urlparse_cached(request).hostname or ""
+        # A robots.txt that redirected (http to https, to www.) is the asking domain's,
+        # as Scrapy's robots middleware takes it: the first URL of the chain decides.
+        redirected = request.meta.get("redirect_urls")
+        first = urlparse(str(redirected[0])) if redirected else urlparse_cached(request)
+        if first.path != "/robots.txt":
+            return None
+        domain = first.hostname or ""
         delay: float | None = None
         if getattr(response, "status", 0) == 200:
             try:

@@ -163,6 +163,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extra-links", type=int, default=d.extra_links, help="extra links per page")
     p.add_argument("--latency-ms", type=float, default=d.latency_ms, help="delay per response")
     p.add_argument("--crawl-delay", type=float, default=None, help="serve robots.txt with it")
+    p.add_argument("--robots-redirect", default=None, help="host whose robots.txt all serve")
     p.add_argument("--fault-rate", type=float, default=d.fault_rate, help="faulty page share")
     p.add_argument("--faults", type=_csv, default=d.faults, help="enabled fault kinds")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of every stable hash")

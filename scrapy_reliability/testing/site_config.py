@@ -66,6 +66,8 @@ class SiteConfig:
     extra_links: int = 0
     latency_ms: float = 0.0
     crawl_delay: float | None = None
+    #: A host of the site: every other host's /robots.txt redirects (301) to its own.
+    robots_redirect: str | None = None
     fault_rate: float = 0.0
     faults: tuple[str, ...] = FAULT_KINDS
     seed: int = 0
@@ -123,6 +125,8 @@ class SiteConfig:
             raise ValueError("latency_ms, slow_seconds and outage_seconds must be >= 0")
         if self.crawl_delay is not None and self.crawl_delay < 0:
             raise ValueError("crawl_delay must be >= 0")
+        if self.robots_redirect is not None and self.robots_redirect not in self.hosts:
+            raise ValueError("robots_redirect must be one of the hosts")
         if (self.outage_start is None) != (self.outage_seconds == 0):
             raise ValueError("outage_start and a positive outage_seconds go together")
         if self.outage_start is not None and self.outage_start < 0:
@@ -184,6 +188,8 @@ class SiteConfig:
             ]
         if self.crawl_delay is not None:
             args.append(f"--crawl-delay={self.crawl_delay!r}")
+        if self.robots_redirect is not None:
+            args.append(f"--robots-redirect={self.robots_redirect}")
         if self.outage_start is not None:
             args += [
                 f"--outage-start={self.outage_start!r}",

@@ -249,6 +249,10 @@ class _Site:
         if path == "/_control" or path.startswith("/_control/"):
             return self._control(path, query)
         if path == "/robots.txt":
+            moved = self.config.robots_redirect
+            if moved is not None and host != moved:
+                where = f"http://{moved}:{self.config.port}/robots.txt"
+                return _Plan(301, b"moved\n", headers=(("Location", where),), delay=self.latency)
             if self.config.crawl_delay is None:
                 return _Plan(404, b"no robots.txt\n", delay=self.latency)
             text = f"User-agent: *\nCrawl-delay: {self.config.crawl_delay:g}\n"
@@ -289,6 +293,9 @@ class _Site:
         if path.startswith("/r/"):
             # A permanent redirect to the path after /r, e.g. /r/p/5 -> /p/5.
             return _Plan(301, b"moved\n", headers=(("Location", path[2:]),)), None, False
+        if path == "/bad-redirect":
+            # A redirect to no URL: an IPv6 host with no closing bracket.
+            return _Plan(301, b"moved\n", headers=(("Location", "http://[::1/p/0"),)), None, False
         if (answer := status_answer(path)) is not None:  # /status/<code>[/...]
             return _Plan(*answer, _HTML), None, False
         if page is None:

@@ -38,8 +38,8 @@ from scrapy.settings import BaseSettings
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.response import response_status_message
 
-from scrapy_reliability.retry import Action, ErrorClass, RetryPolicy, Verdict
-from scrapy_reliability.retry_after import parse_retry_after
+from scrapy_reliability.retry import Action, Decision, ErrorClass, RetryPolicy, Verdict
+from scrapy_reliability.retry_after import parse_retry_after, response_date
 from scrapy_reliability.scheduling.meta import (
     ATTEMPTS_META,
     FAILURE_META,
@@ -88,6 +88,7 @@ class RetryMiddleware:
         self.bans = bans or BanDetector()
         self.crawler = crawler
         self._bad_retry_after_logged: set[str] = set()
+        self._capped_retry_after_logged: set[str] = set()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -146,7 +147,7 @@ class RetryMiddleware:
             return response  # no failure, or one the spider handles and Scrapy never retries
         retry_after = None
         if headers and status in (429, 503):
-            retry_after = self._retry_after(request, headers)
+            retry_after = self._retry_after(request, headers, response.headers.get(b"Date"))
         retry = self._failed(
             request,
             policy,
@@ -231,6 +232,8 @@ class RetryMiddleware:
         cls = decision.error_class.value
         if decision.action is Action.RELEASE:
             return None
+        if decision.capped is not None:
+            self._log_capped_retry_after(request, decision)
         retry = None
         if decision.action is Action.RETRY or decision.exhausted:
             # Scrapy's own accounting, as its RetryMiddleware would do it: the
@@ -288,9 +291,7 @@ class RetryMiddleware:
             # The last 429 of a request that gives up is a throttle all the same.
             "slow_down": slow_down or status == 429,
             "pause_until": (
-                time.time() + pause
-                if pause is not None and pause <= policy.retry_after_max
-                else None
+                time.time() + min(pause, policy.retry_after_max) if pause is not None else None
             ),
         }
         request.meta[FAILURE_META] = failure
@@ -336,20 +337,39 @@ class RetryMiddleware:
             return None
         return self._scrapy_retry(request, exception, request.meta.get("max_retry_times"))
 
-    def _retry_after(self, request: Request, values: list[bytes]) -> float | None:
+    def _retry_after(
+        self, request: Request, values: list[bytes], date: bytes | None = None
+    ) -> float | None:
         """The wait the Retry-After header lines ask for, or None to back off.
 
         Retry-After is a single value, but proxies and frameworks can send it twice:
         the longest valid wait is the politest reading. Only when no line is valid
-        is the value counted as invalid (and logged once per domain).
+        is the value counted as invalid (and logged once per domain). A date is
+        read against the response's own ``Date`` (the server's clock), the
+        worker's clock only when it has none: a skewed worker waits what the
+        server asked.
         """
-        parsed = [parse_retry_after(value) for value in values]
+        now = response_date(date)
+        parsed = [parse_retry_after(value, now=now) for value in values]
         waits = [p.seconds for p in parsed if p.seconds is not None]
         if waits:
             return max(waits)
         why = "; ".join(dict.fromkeys(p.invalid for p in parsed if p.invalid)) or "empty"
         self._log_bad_retry_after(request, why)
         return None
+
+    def _log_capped_retry_after(self, request: Request, decision: Decision) -> None:
+        domain = urlparse_cached(request).hostname or ""
+        self.stats.inc_value("reliability/retry_after/capped")
+        if domain in self._capped_retry_after_logged:
+            return
+        self._capped_retry_after_logged.add(domain)
+        logger.warning(
+            "%(domain)s asked to wait %(asked).0f s (Retry-After): waiting %(delay).0f s, "
+            "RELIABILITY_RETRY_AFTER_MAX_SECONDS. Further capped waits of this domain are "
+            "only counted (reliability/retry_after/capped).",
+            {"domain": domain, "asked": decision.capped, "delay": decision.delay},
+        )
 
     def _log_bad_retry_after(self, request: Request, why: str) -> None:
         domain = urlparse_cached(request).hostname or ""

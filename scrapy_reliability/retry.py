@@ -167,6 +167,9 @@ class Decision:
     #: A burial because the request used up its attempts (Scrapy's "Gave up
     #: retrying", ``retry/max_reached``), not because it may not be retried at all.
     exhausted: bool = False
+    #: The Retry-After asked for (seconds), when it was longer than the cap and the
+    #: retry waits ``delay`` (the cap) instead.
+    capped: float | None = None
 
 
 @dataclass(frozen=True)
@@ -207,8 +210,8 @@ class RetryPolicy:
     ``retry_exceptions`` (see :meth:`judge_status` and :meth:`judge_exception`).
     Backoff is exponential with full jitter: a uniform draw in ``[0,
     min(backoff_max, backoff_base * 2 ** (attempt - 1))]``. A Retry-After longer
-    than ``retry_after_max`` dead-letters the request as throttled rather than
-    park it silently.
+    than ``retry_after_max`` is capped at it (counted and logged by the middleware),
+    never a dead letter on its own.
     """
 
     max_attempts: int = default_settings.RETRY_TIMES + 1
@@ -434,15 +437,19 @@ class RetryPolicy:
             )
         if retry_after is not None and not retry_after >= 0:
             retry_after = None  # NaN or negative: no wait asked for; back off instead
+        if retry_after is not None and math.isinf(retry_after):
+            retry_after = None  # no finite wait asked for: back off instead
         if retry_after is not None:
-            if math.isinf(retry_after) or retry_after > self.retry_after_max:
+            if retry_after > self.retry_after_max:
+                # An absurd wait (a year, a broken clock) is capped, not obeyed and not
+                # a dead letter: the retry spends an attempt like any other.
                 return Decision(
-                    Action.BURY,
-                    ErrorClass.THROTTLED,
-                    reason=(
-                        f"Retry-After of {retry_after:.0f} s is longer than "
-                        f"RELIABILITY_RETRY_AFTER_MAX_SECONDS ({self.retry_after_max:.0f} s)"
-                    ),
+                    Action.RETRY,
+                    error_class,
+                    self.retry_after_max,
+                    f"Retry-After of {retry_after:.0f} s capped at "
+                    f"RELIABILITY_RETRY_AFTER_MAX_SECONDS ({self.retry_after_max:.0f} s)",
+                    capped=retry_after,
                 )
             return Decision(Action.RETRY, error_class, retry_after, "Retry-After")
         return Decision(Action.RETRY, error_class, self.backoff(attempts, rng), "backoff")

@@ -71,3 +71,22 @@ def parse_retry_after(value: bytes | str | None, *, now: float | None = None) ->
     if not math.isfinite(wait) or wait < 0:
         return RetryAfter(None, f"a date in the past ({shown})")
     return RetryAfter(min(wait, float(MAX_RETRY_AFTER_SECONDS)))
+
+
+def response_date(value: bytes | str | None) -> float | None:
+    """A response's ``Date`` header as seconds since the epoch (the server's clock),
+    or None when it is missing or no valid HTTP-date; never raises."""
+    if value is None:
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    text = text.strip(" \t\r\n")
+    if not text or not text.isascii():
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        seconds = when.timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return seconds if math.isfinite(seconds) else None

@@ -147,10 +147,12 @@ def test_decide():
     assert "RELIABILITY_MAX_ATTEMPTS = 3" in ours.decide(ErrorClass.TRANSIENT, 3).reason
     honoured = policy.decide(ErrorClass.THROTTLED, 1, retry_after=30)
     assert (honoured.action, honoured.delay) == (Action.RETRY, 30)
-    parked = policy.decide(ErrorClass.THROTTLED, 1, retry_after=3600)
-    assert parked.action is Action.BURY
-    assert parked.error_class is ErrorClass.THROTTLED
-    assert "RELIABILITY_RETRY_AFTER_MAX_SECONDS" in parked.reason
+    # An absurd wait is capped, never a dead letter on its own.
+    capped = policy.decide(ErrorClass.THROTTLED, 1, retry_after=3600)
+    assert (capped.action, capped.delay, capped.capped) == (Action.RETRY, 60, 3600)
+    assert capped.error_class is ErrorClass.THROTTLED
+    assert "RELIABILITY_RETRY_AFTER_MAX_SECONDS" in capped.reason
+    assert policy.decide(ErrorClass.THROTTLED, 3, retry_after=3600).exhausted
     assert policy.decide(ErrorClass.CANCELLED, 1).action is Action.RELEASE
 
 
@@ -183,9 +185,8 @@ def test_retry_after_nonsense_is_invalid_not_a_crash(value):
 def test_enormous_retry_after_is_parsed_then_capped_by_the_policy():
     parsed = parse_retry_after(b"99999999999", now=0)
     assert parsed.seconds == 99999999999
-    assert RetryPolicy().decide(ErrorClass.THROTTLED, 1, retry_after=parsed.seconds).action is (
-        Action.BURY
-    )
+    decision = RetryPolicy().decide(ErrorClass.THROTTLED, 1, retry_after=parsed.seconds)
+    assert (decision.action, decision.delay) == (Action.RETRY, 600)
 
 
 # -- Retry-After values that once raised or were misread -------------------------------------
@@ -338,18 +339,51 @@ def test_invalid_retry_after_is_counted_each_time_and_logged_once_per_domain(
     assert "reliability/retry_after/invalid" in warnings[0]
 
 
-def test_retry_after_longer_than_the_cap_dead_letters_as_throttled_with_its_status() -> None:
+def test_retry_after_longer_than_the_cap_is_capped_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     crawler = _crawler(RELIABILITY_RETRY_AFTER_MAX_SECONDS=60)
     middleware = RetryMiddleware.from_crawler(crawler)
     assert crawler.stats is not None
-    request = _frontier_request()
-    response = _answer(request, 503, [b"99999999999"])
-    assert middleware.process_response(request, response) is response
-    failure = failure_of(request)
-    assert failure is not None
-    assert (failure["status"], failure["error_class"]) == (503, "throttled")
-    assert "RELIABILITY_RETRY_AFTER_MAX_SECONDS" in failure["error"]
+    for _ in range(2):
+        request = _frontier_request()
+        response = _answer(request, 503, [b"99999999999"])
+        before = time.time()
+        retry = middleware.process_response(request, response)
+        assert isinstance(retry, Request), failure_of(request)
+        meta = retry.meta[RETRY_META]
+        assert (meta["status"], meta["error_class"]) == (503, "throttled")
+        assert meta["not_before"] - before == pytest.approx(60, abs=1)
+        assert meta["pause_until"] == meta["not_before"]
+    assert crawler.stats.get_value("reliability/retry_after/capped") == 2
     assert crawler.stats.get_value("reliability/retry_after/invalid") is None
+    lines = [r.getMessage() for r in caplog.records if "Retry-After" in r.getMessage()]
+    assert len(lines) == 1 and "asked to wait 99999999999 s" in lines[0], lines
+    assert "waiting 60 s" in lines[0]
+
+
+def test_a_retry_after_date_is_read_against_the_response_date() -> None:
+    """A worker whose clock is an hour behind the server's still waits the 2 minutes
+    the server asked: the date minus the response's Date, not minus the worker's
+    clock; without a Date, the worker's clock."""
+    crawler = _crawler(RELIABILITY_RETRY_AFTER_MAX_SECONDS=600)
+    middleware = RetryMiddleware.from_crawler(crawler)
+    server_now = time.time() + 3600  # the server is an hour ahead of this worker
+    date = email.utils.formatdate(server_now, usegmt=True).encode()
+    later = email.utils.formatdate(server_now + 120, usegmt=True).encode()
+    request = _frontier_request()
+    response = _answer(request, 429, [later])
+    response.headers[b"Date"] = date
+    before = time.time()
+    retry = middleware.process_response(request, response)
+    assert isinstance(retry, Request)
+    assert retry.meta[RETRY_META]["not_before"] - before == pytest.approx(120, abs=2)
+    # No Date: the worker's clock, by which the date is an hour and 2 minutes away
+    # (capped at 600 s).
+    request = _frontier_request()
+    retry = middleware.process_response(request, _answer(request, 429, [later]))
+    assert isinstance(retry, Request)
+    assert retry.meta[RETRY_META]["not_before"] - before == pytest.approx(600, abs=2)
 
 
 @pytest.mark.parametrize("retry_after", [math.nan, -1.0, -math.inf])
@@ -359,10 +393,11 @@ def test_decide_backs_off_for_a_retry_after_that_is_no_wait(retry_after: float) 
     assert 0 <= decision.delay <= 8
 
 
-def test_decide_buries_an_infinite_retry_after_even_without_a_cap() -> None:
-    policy = RetryPolicy(retry_after_max=math.inf)
+def test_decide_backs_off_for_an_infinite_retry_after_even_without_a_cap() -> None:
+    policy = RetryPolicy(retry_after_max=math.inf, backoff_max=8)
     decision = policy.decide(ErrorClass.THROTTLED, 1, retry_after=math.inf)
-    assert (decision.action, decision.error_class) == (Action.BURY, ErrorClass.THROTTLED)
+    assert (decision.action, decision.reason) == (Action.RETRY, "backoff")
+    assert decision.error_class is ErrorClass.THROTTLED and decision.delay <= 8
 
 
 # -- Requests that are not frontier rows: robots.txt and other engine downloads --------------
@@ -756,17 +791,11 @@ def test_property_middleware_keeps_the_status_for_any_retry_after() -> None:
                 seen["backoff"] += 1
             else:
                 assert invalid == 0
-                assert delay == pytest.approx(max(parsed), abs=(after - before) + 0.01)
-                seen["retry-after"] += 1
+                asked = min(max(parsed), 600)
+                assert delay == pytest.approx(asked, abs=(after - before) + 0.01)
+                seen["too long" if max(parsed) > 600 else "retry-after"] += 1
         else:
-            assert result is response
-            failure = failure_of(request)
-            assert failure is not None
-            assert (failure["status"], failure["error_class"]) == (status, "throttled")
-            assert "RELIABILITY_RETRY_AFTER_MAX_SECONDS" in failure["error"]
-            assert invalid == 0
-            assert max(parsed) > 600
-            seen["too long"] += 1
+            raise AssertionError(f"not retried within the attempts: {failure_of(request)}")
 
     check()
     print(f"RetryMiddleware.process_response: {sum(seen.values())} examples, {dict(seen)}")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-import time
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +37,7 @@ from scrapy.settings import BaseSettings
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.response import response_status_message
 
+from scrapy_reliability.frontier import clock
 from scrapy_reliability.retry import Action, Decision, ErrorClass, RetryPolicy, Verdict
 from scrapy_reliability.retry_after import parse_retry_after, response_date
 from scrapy_reliability.scheduling.meta import (
@@ -261,7 +261,7 @@ class RetryMiddleware:
                     "reason": decision.reason,
                 },
             )
-            not_before = time.time() + decision.delay
+            not_before = clock.now() + decision.delay
             retry_meta: RetryMeta = {
                 "error_class": cls,
                 "status": status,
@@ -291,7 +291,7 @@ class RetryMiddleware:
             # The last 429 of a request that gives up is a throttle all the same.
             "slow_down": slow_down or status == 429,
             "pause_until": (
-                time.time() + min(pause, policy.retry_after_max) if pause is not None else None
+                clock.now() + min(pause, policy.retry_after_max) if pause is not None else None
             ),
         }
         request.meta[FAILURE_META] = failure

@@ -7,7 +7,6 @@ connection of its own (:mod:`.hotsql.pgasync`)."""
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -15,6 +14,7 @@ from typing import TypeVar
 from sqlalchemy import Connection, Engine
 
 from scrapy_reliability._crashpoints import crash_point
+from scrapy_reliability.frontier import clock
 from scrapy_reliability.frontier.claim import Claimer, in_claim_order, new_token
 from scrapy_reliability.frontier.hotsql import Alone, DueLease, HotSql, PostgresHotSql
 from scrapy_reliability.frontier.hotsql.pgasync import AsyncStatements
@@ -90,7 +90,7 @@ class AloneWrites:
         if claim is not None:
             # The claim's own clock (unless the caller pinned one): the start times
             # it gives paced requests count from now.
-            claim_now = now if pinned else max(now, time.time())
+            claim_now = now if pinned else max(now, clock.now())
             lease = DueLease(
                 claim.limit,
                 new_token(),

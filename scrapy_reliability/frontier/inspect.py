@@ -10,14 +10,13 @@ transaction. Plain data in and out: nothing here knows Scrapy.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from scrapy_reliability.frontier import operations
+from scrapy_reliability.frontier import clock, operations
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.domains import adaptive_state, learned_states
 from scrapy_reliability.frontier.jobs import counts as state_counts
@@ -103,7 +102,7 @@ class Inspector:
     def status(self, job: JobInfo, *, now: float | None = None) -> JobStatus:
         """Every figure of ``scrapy frontier status``, read in one snapshot: the state
         table, the domain rows and the workers' leases add up."""
-        now = time.time() if now is None else now
+        now = clock.now() if now is None else now
         with reading(self.engine) as conn:
             counts = _state_counts(conn, job.id)
             per_domain = _domains(conn, job.id, only=())
@@ -258,7 +257,7 @@ class Inspector:
     ) -> list[Explanation]:
         """Why each row matching ``keys`` (else ``urls``) is where it is; empty when
         the job never saw the URL."""
-        now = time.time() if now is None else now
+        now = clock.now() if now is None else now
         found = []
         for row in self.find_requests(job.id, keys=keys, urls=urls):
             found.append(
@@ -325,7 +324,7 @@ class Inspector:
 
     def probe(self, job_id: int, *, now: float | None = None) -> Probe:
         """Job-wide depth by state, dead letters by class, paused domains."""
-        now = time.time() if now is None else now
+        now = clock.now() if now is None else now
         with reading(self.engine) as conn:
             counts = _state_counts(conn, job_id)
             dead = _dead_by_class(conn, job_id)
@@ -356,7 +355,7 @@ class Inspector:
         budget; their dead letters are removed (a new failure writes a new one) and
         the job is marked running, so the next ``scrapy crawl`` resumes it.
         Returns how many requests were (or, with ``dry_run``, would be) requeued."""
-        now = time.time() if now is None else now
+        now = clock.now() if now is None else now
         with self.engine.begin() as conn:
             return operations.requeue(conn, job_id, selection, dry_run=dry_run, now=now)
 
@@ -378,7 +377,7 @@ class Inspector:
     ) -> int:
         """Drop pending requests (of these domains): they become ``ignored``, so the
         dedup key stays and they are not discovered and fetched again."""
-        now = time.time() if now is None else now
+        now = clock.now() if now is None else now
         with self.engine.begin() as conn:
             return operations.purge_pending(
                 conn, job_id, domains_=domains_, dry_run=dry_run, now=now

@@ -8,13 +8,12 @@ is one transaction.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from sqlalchemy import Connection, Engine
 
 from scrapy_reliability._crashpoints import crash_point
-from scrapy_reliability.frontier import jobs
+from scrapy_reliability.frontier import clock, jobs
 from scrapy_reliability.frontier.tokens import ClaimTokens
 
 Transaction = Callable[[], contextlib.AbstractContextManager[Connection]]
@@ -47,7 +46,7 @@ class Leases:
         if worker is None:
             return
         with self._transaction() as conn:
-            released = jobs.release_unknown(conn, worker, self._tokens.held(), time.time())
+            released = jobs.release_unknown(conn, worker, self._tokens.held(), clock.now())
         self._tokens.resolved(released)
 
     async def resolve_on(self, on_thread: OnThread) -> None:

@@ -14,7 +14,6 @@ per dialect) and :mod:`.connections`. The records it takes and returns are in
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from sqlalchemy import Connection, Engine
@@ -22,7 +21,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
 from scrapy_reliability._crashpoints import crash_point
-from scrapy_reliability.frontier import dialect, jobs
+from scrapy_reliability.frontier import clock, dialect, jobs
 from scrapy_reliability.frontier.alone import AloneWrite, AloneWrites, OnThread
 from scrapy_reliability.frontier.claim import Claimer
 from scrapy_reliability.frontier.connections import Connections, open_engine
@@ -60,7 +59,7 @@ _DEADLOCK_RETRIES = 3
 
 
 def _now(now: float | None) -> float:
-    return time.time() if now is None else now
+    return clock.now() if now is None else now
 
 
 class Frontier:
@@ -347,7 +346,7 @@ class Frontier:
         settles = self._settles_alone(job_id, batch, claim, policy)
         if settles is None:
             return None
-        return self._alone.plan(job_id, batch.inserts, settles, claim, time.time(), pinned=False)
+        return self._alone.plan(job_id, batch.inserts, settles, claim, clock.now(), pinned=False)
 
     async def write_async(
         self, w: AloneWrite, on_thread: OnThread[ClaimResult | None]
@@ -389,7 +388,7 @@ class Frontier:
                 # The claim's own clock (unless the caller pinned one): the start
                 # times it gives paced requests count from now, not from whenever
                 # the write began (it may have waited for a lock).
-                claim_now = now if pinned else max(now, time.time())
+                claim_now = now if pinned else max(now, clock.now())
                 claimed = self._claims.claim(conn, job_id, claim, claim_now)
             if acks:
                 crash_point("before_ack_commit")

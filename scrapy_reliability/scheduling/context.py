@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy_reliability import _jobs
 from scrapy_reliability._executor import DatabaseThread, the_reactor
+from scrapy_reliability.frontier import clock
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -25,6 +26,27 @@ class Clock(Protocol):
     def seconds(self) -> float: ...
 
     def callLater(self, delay: float, callable: Any, *args: Any, **kw: Any) -> IDelayedCall: ...
+
+
+class ServerClock:
+    """The reactor's timers, telling the time by the database server's clock
+    (:func:`scrapy_reliability.frontier.clock.now`): the times the core compares with
+    the frontier's (``not_before``, pauses, lease ends) are the fleet's. Delays are
+    durations, the same on every clock."""
+
+    __slots__ = ("_base",)
+
+    def __init__(self, base: Any) -> None:
+        self._base = base
+
+    def seconds(self) -> float:
+        return float(self._base.seconds()) + clock.offset()
+
+    def callLater(self, delay: float, callable: Any, *args: Any, **kw: Any) -> IDelayedCall:
+        return self._base.callLater(delay, callable, *args, **kw)  # type: ignore[no-any-return]
+
+    def callFromThread(self, callable: Any, *args: Any, **kw: Any) -> None:
+        self._base.callFromThread(callable, *args, **kw)
 
 
 class Tally:
@@ -67,7 +89,7 @@ class Context:
         self.tally = Tally(stats)
         self.retry_pass = config.retry_pass
         self.worker_id, self.hostname, self.pid = _jobs.worker_identity()
-        self.clock: Clock = clock if clock is not None else the_reactor()
+        self.clock: Clock = clock if clock is not None else ServerClock(the_reactor())
         self.db = db if db is not None else DatabaseThread()
         self.beats = db if db is not None else DatabaseThread("reliability-heartbeat")
         #: Real threads, whose calls a watchdog times (a test's run at once).

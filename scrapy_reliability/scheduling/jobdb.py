@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from scrapy_reliability.frontier import (
     JobFinished,
     WriteBatch,
     WriteResult,
+    clock,
     tombstone,
 )
 from scrapy_reliability.frontier.adoption import is_adopted
@@ -74,6 +74,39 @@ class Closing:
     failed: str | None = None
 
 
+#: A worker whose clock is further than this from the database server's is told so.
+SKEW_WARNING_SECONDS = 2.0
+_skew_named: list[float] = []
+
+
+def measure_clock(frontier: Frontier) -> None:
+    """Measure the database server's clock against this worker's (PostgreSQL; the
+    frontier's times follow it from now on), and name a skew past
+    :data:`SKEW_WARNING_SECONDS` in a WARNING: once, and again when it moves by as
+    much."""
+    try:
+        measured = clock.measure(frontier.engine)
+    except SQLAlchemyError:
+        return  # the heartbeat's own statements say what is wrong with the database
+    if measured is None:
+        return
+    said = _skew_named[-1] if _skew_named else 0.0
+    if abs(measured) < SKEW_WARNING_SECONDS and abs(said) < SKEW_WARNING_SECONDS:
+        return
+    if abs(measured - said) < SKEW_WARNING_SECONDS:
+        return
+    _skew_named[:] = [measured]
+    if abs(measured) < SKEW_WARNING_SECONDS:
+        logger.info("This worker's clock now agrees with the database server's.")
+        return
+    logger.warning(
+        "This worker's clock is %(s).1f s %(way)s the database server's: the frontier "
+        "tells every lease, retry and pause by the server's clock, so the fleet agrees, "
+        "but fix this machine's clock (NTP): its logs and files are %(s).1f s off.",
+        {"s": abs(measured), "way": "behind" if measured > 0 else "ahead of"},
+    )
+
+
 def callback_names(spider: Any) -> list[str]:
     """The public method names of the spider: what a stored callback can name."""
     if spider is None:
@@ -105,6 +138,9 @@ def open_job(
         limits=config.postgres,
     )
     try:
+        # Every deadline the job stores is told by the server's clock: measure it
+        # before the first one.
+        measure_clock(frontier)
         # The add-on refused a moved job before the engine started; this holds for
         # a scheduler set without it, and for a move that ended since.
         tombstone.refuse_crawl(frontier.engine, name, allow=config.allow_moved)
@@ -179,7 +215,7 @@ def _reopen_dead_letters(frontier: Frontier, name: str, rp: RetryPass | None) ->
         name,
         error_classes=rp.error_classes,
         domains=rp.domains,
-        failed_before=time.time() - rp.min_age if rp.min_age else None,
+        failed_before=clock.now() - rp.min_age if rp.min_age else None,
     )
     return 0 if reopened is None else reopened[1]
 
@@ -190,6 +226,7 @@ def beat(
     """The heartbeat: renew this worker's leases, expire others' stale ones, and
     read the live workers' callbacks."""
     frontier.check_storage()
+    measure_clock(frontier)
     renewed = frontier.renew(worker_id, lease_seconds=lease_seconds)
     crash_point("mid_heartbeat")
     expired = frontier.expire(job_id)

@@ -10,7 +10,6 @@ the downloader.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from urllib.parse import urlparse
 from scrapy import Request, Spider
 from scrapy.utils.httpobj import urlparse_cached
 
-from scrapy_reliability.frontier import DomainUpdate
+from scrapy_reliability.frontier import DomainUpdate, clock
 from scrapy_reliability.frontier import adaptive as ad
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook
 
@@ -160,13 +159,13 @@ class LocalPoliteness:
             self.stats.inc_value("reliability/domain/paused")
             logger.info(
                 "Pausing %(domain)s for %(s).1f s (Retry-After), for every worker",
-                {"domain": domain, "s": until - time.time()},
+                {"domain": domain, "s": until - clock.now()},
                 extra={"spider": self.spider},
             )
 
     def paused_now(self) -> dict[str, float]:
         """The domains paused now (until when), the ended pauses dropped."""
-        now = time.time()
+        now = clock.now()
         for domain, until in list(self.paused.items()):
             if until <= now:
                 del self.paused[domain]

@@ -8,7 +8,6 @@ import asyncio
 import collections
 import email.utils
 import functools
-import http
 import json
 import math
 import signal
@@ -16,7 +15,6 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Final
 from urllib.parse import parse_qs, urlsplit
@@ -33,12 +31,18 @@ from scrapy_reliability.testing.site_config import (
     status_answer,
     versioned,
 )
+from scrapy_reliability.testing.site_http import (
+    _keep_alive,
+    _not_modified_head,
+    _parse_head,
+    _Request,
+    _response_head,
+)
 from scrapy_reliability.testing.site_limiter import HostLimiter
 
 EXIT_BIND_FAILED: Final[int] = 3
 _ERRORS_500_TIMES: Final[int] = 3
 
-_REASONS: Final[dict[int, str]] = {s.value: s.phrase for s in http.HTTPStatus}
 _HTML: Final = "text/html; charset=utf-8"
 _TEXT: Final = "text/plain; charset=utf-8"
 _JSON: Final = "application/json"
@@ -55,65 +59,6 @@ class _Plan:
     headers: tuple[tuple[str, str], ...] = ()
     delay: float = 0.0
     action: int = _NORMAL
-
-
-@dataclass(slots=True)
-class _Request:
-    method: str
-    target: str
-    version: str
-    headers: dict[str, str]
-
-
-def _parse_head(head: bytes) -> _Request | None:
-    """Parse a request line plus header block (CRLF-terminated); None if malformed."""
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[0] or not parts[1]:
-        return None
-    method, target, version = parts
-    if version not in ("HTTP/1.0", "HTTP/1.1"):
-        return None
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            return None
-        key = name.lower()
-        value = value.strip()
-        headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    return _Request(method, target, version, headers)
-
-
-def _keep_alive(request: _Request) -> bool:
-    tokens = {t.strip().lower() for t in request.headers.get("connection", "").split(",")}
-    if request.version == "HTTP/1.0":
-        return "keep-alive" in tokens
-    return "close" not in tokens
-
-
-def _response_head(
-    status: int, content_type: str, length: int, keep_alive: bool, extra: Iterable[tuple[str, str]]
-) -> bytes:
-    lines = [
-        f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}",
-        f"Content-Type: {content_type}",
-        f"Content-Length: {length}",
-        "Connection: keep-alive" if keep_alive else "Connection: close",
-    ]
-    lines.extend(f"{name}: {value}" for name, value in extra)
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-def _not_modified_head(keep_alive: bool, extra: Iterable[tuple[str, str]]) -> bytes:
-    lines = [
-        "HTTP/1.1 304 Not Modified",
-        "Connection: keep-alive" if keep_alive else "Connection: close",
-    ]
-    lines.extend(f"{name}: {value}" for name, value in extra)
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 #: Last-Modified of version 0 of every page (2026-01-01); each version a day later.

@@ -359,30 +359,37 @@ class RetryMiddleware:
         return None
 
     def _log_capped_retry_after(self, request: Request, decision: Decision) -> None:
-        domain = urlparse_cached(request).hostname or ""
-        self.stats.inc_value("reliability/retry_after/capped")
-        if domain in self._capped_retry_after_logged:
-            return
-        self._capped_retry_after_logged.add(domain)
-        logger.warning(
+        self._count_and_tell_once(
+            request,
+            "reliability/retry_after/capped",
+            self._capped_retry_after_logged,
             "%(domain)s asked to wait %(asked).0f s (Retry-After): waiting %(delay).0f s, "
             "RELIABILITY_RETRY_AFTER_MAX_SECONDS. Further capped waits of this domain are "
             "only counted (reliability/retry_after/capped).",
-            {"domain": domain, "asked": decision.capped, "delay": decision.delay},
+            {"asked": decision.capped, "delay": decision.delay},
         )
 
     def _log_bad_retry_after(self, request: Request, why: str) -> None:
-        domain = urlparse_cached(request).hostname or ""
-        self.stats.inc_value("reliability/retry_after/invalid")
-        if domain in self._bad_retry_after_logged:
-            return
-        self._bad_retry_after_logged.add(domain)
-        logger.warning(
+        self._count_and_tell_once(
+            request,
+            "reliability/retry_after/invalid",
+            self._bad_retry_after_logged,
             "Ignoring an invalid Retry-After from %(domain)s (%(why)s); using the backoff "
             "instead. Further invalid values from this domain are only counted "
             "(reliability/retry_after/invalid).",
-            {"domain": domain, "why": why},
+            {"why": why},
         )
+
+    def _count_and_tell_once(
+        self, request: Request, stat: str, told: set[str], message: str, args: dict[str, Any]
+    ) -> None:
+        """Count ``stat``; the first time for the request's domain, log ``message``."""
+        domain = urlparse_cached(request).hostname or ""
+        self.stats.inc_value(stat)
+        if domain in told:
+            return
+        told.add(domain)
+        logger.warning(message, {"domain": domain, **args})
 
 
 class BanDetector:

@@ -60,14 +60,10 @@ def parse_retry_after(value: bytes | str | None, *, now: float | None = None) ->
         return RetryAfter(float(int(digits)))
     if not text.isascii():
         return RetryAfter(None, f"not ASCII ({shown})")
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=datetime.timezone.utc)
-        wait = when.timestamp() - (time.time() if now is None else now)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        # The standard library's date parser raises any of these on garbage.
+    when = _http_date(text)
+    if when is None:
         return RetryAfter(None, f"not a number of seconds or an HTTP date ({shown})")
+    wait = when - (time.time() if now is None else now)
     if not math.isfinite(wait) or wait < 0:
         return RetryAfter(None, f"a date in the past ({shown})")
     return RetryAfter(min(wait, float(MAX_RETRY_AFTER_SECONDS)))
@@ -82,11 +78,18 @@ def response_date(value: bytes | str | None) -> float | None:
     text = text.strip(" \t\r\n")
     if not text or not text.isascii():
         return None
+    return _http_date(text)
+
+
+def _http_date(text: str) -> float | None:
+    """An HTTP-date (any of RFC 9110's three forms; no zone is GMT) as seconds since
+    the epoch, or None for anything else."""
     try:
         when = email.utils.parsedate_to_datetime(text)
         if when.tzinfo is None:
             when = when.replace(tzinfo=datetime.timezone.utc)
         seconds = when.timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):
+        # The standard library's date parser raises any of these on garbage.
         return None
     return seconds if math.isfinite(seconds) else None

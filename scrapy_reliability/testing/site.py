@@ -161,6 +161,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=_csv, default=d.hosts, help="comma-separated bind addresses")
     p.add_argument("--pages", type=int, default=d.pages, help="pages per host")
     p.add_argument("--extra-links", type=int, default=d.extra_links, help="extra links per page")
+    p.add_argument("--heavy-links", type=int, default=d.heavy_links, help="links of page 0")
     p.add_argument("--latency-ms", type=float, default=d.latency_ms, help="delay per response")
     p.add_argument("--crawl-delay", type=float, default=None, help="serve robots.txt with it")
     p.add_argument("--robots-redirect", default=None, help="host whose robots.txt all serve")

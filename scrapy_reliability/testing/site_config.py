@@ -64,6 +64,8 @@ class SiteConfig:
     hosts: tuple[str, ...] = DEFAULT_HOSTS
     pages: int = 800
     extra_links: int = 0
+    #: Page 0 of each host also links to every page 1..heavy_links (a heavy page).
+    heavy_links: int = 0
     latency_ms: float = 0.0
     crawl_delay: float | None = None
     #: A host of the site: every other host's /robots.txt redirects (301) to its own.
@@ -114,6 +116,8 @@ class SiteConfig:
             raise ValueError("pages must be >= 1")
         if self.extra_links < 0:
             raise ValueError("extra_links must be >= 0")
+        if not 0 <= self.heavy_links < self.pages:
+            raise ValueError("heavy_links must be >= 0 and below pages")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError("fault_rate must be within [0, 1]")
         if self.retry_after < 1:
@@ -171,6 +175,7 @@ class SiteConfig:
             f"--hosts={','.join(self.hosts)}",
             f"--pages={self.pages}",
             f"--extra-links={self.extra_links}",
+            f"--heavy-links={self.heavy_links}",
             f"--latency-ms={self.latency_ms!r}",
             f"--fault-rate={self.fault_rate!r}",
             f"--faults={','.join(self.faults)}",
@@ -261,6 +266,8 @@ def page_links(config: SiteConfig, host: str, i: int) -> list[str]:
         f"/p/{_stable_hash(config.seed, 'extra', host, i, k) % config.pages}"
         for k in range(config.extra_links)
     )
+    if i == 0 and config.heavy_links:
+        links.extend(f"/p/{k}" for k in range(1, config.heavy_links + 1))
     return links
 
 

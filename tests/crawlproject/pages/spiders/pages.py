@@ -83,11 +83,15 @@ class PagesSpider(scrapy.Spider):
                 )
         elif self.poison:
             yield from self.poison_requests(response)
-        for n, href in enumerate(response.css("a::attr(href)").getall()):
+        hrefs = response.css("a::attr(href)").getall()
+        for n, href in enumerate(hrefs):
             if n == 1:
                 crash_point("mid_callback")  # the item and one link yielded
             via = "/r" if self.via_redirect and href.startswith("/p/") else ""
             yield response.follow(via + href, callback=self.parse_page)
+        if len(hrefs) >= 1000:
+            # When Scrapy has taken the callback's whole output (the heavy-page tests).
+            self.logger.info("Callback of %s ended after %d links", response.url, len(hrefs))
 
     def poison_requests(self, response: scrapy.http.Response) -> Iterator[scrapy.Request]:
         """Requests one backend or the other cannot store as they are."""

@@ -408,9 +408,10 @@ def test_concurrent_requests_per_domain_holds_with_frontier_limits_off(tmp_path:
     assert max(worst.values()) <= 2
 
 
-@pytest.mark.slow
-def test_robots_crawl_delay_is_a_lower_bound(tmp_path: Path):
-    config = SiteConfig(pages=20, crawl_delay=0.5)
+def _crawl_obeying_robots(tmp_path: Path, config: SiteConfig) -> tuple[str, dict[str, int]]:
+    """A crawl of ``config``'s site obeying robots.txt, with a configured rate well
+    above its Crawl-delay: the crawl's log, and each host's most requests in any 1 s
+    window. Every page arrives."""
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
         items = tmp_path / "items.jsonl"
         crawl = Crawl(
@@ -424,9 +425,15 @@ def test_robots_crawl_delay_is_a_lower_bound(tmp_path: Path):
         )
         assert crawl.run(timeout=300) == 0, crawl.log()[-2000:]
         log = read_jsonl(site.log_path)
-        assert "Crawl-delay 0.5" in crawl.log()
-    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(20)}
+    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(config.pages)}
     worst = {host: max_per_window(times) for host, times in per_host_times(log).items()}
+    return crawl.log(), worst
+
+
+@pytest.mark.slow
+def test_robots_crawl_delay_is_a_lower_bound(tmp_path: Path):
+    log, worst = _crawl_obeying_robots(tmp_path, SiteConfig(pages=20, crawl_delay=0.5))
+    assert "Crawl-delay 0.5" in log
     print(f"Crawl-delay 0.5: max requests per host in any 1 s window: {worst}")
     assert max(worst.values()) <= 3
 
@@ -439,23 +446,9 @@ def test_a_redirected_robots_txt_keeps_its_crawl_delay(tmp_path: Path):
     config = SiteConfig(
         hosts=("127.0.0.2", "127.0.0.3"), pages=12, crawl_delay=0.5, robots_redirect="127.0.0.3"
     )
-    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
-        items = tmp_path / "items.jsonl"
-        crawl = Crawl(
-            make_project(tmp_path),
-            site.start_urls(),
-            f"JOBDIR={tmp_path / 'job'}",
-            f"ITEMS_PATH={items}",
-            "ROBOTSTXT_OBEY=True",
-            "RELIABILITY_DOMAIN_RATE=50",
-            "RELIABILITY_DOMAIN_BURST=5",
-        )
-        assert crawl.run(timeout=300) == 0, crawl.log()[-2000:]
-        log = read_jsonl(site.log_path)
+    log, worst = _crawl_obeying_robots(tmp_path, config)
     for host in config.hosts:
-        assert f"robots.txt of {host} asks for Crawl-delay 0.5" in crawl.log(), host
-    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(12)}
-    worst = {host: max_per_window(times) for host, times in per_host_times(log).items()}
+        assert f"robots.txt of {host} asks for Crawl-delay 0.5" in log, host
     print(f"redirected robots.txt, Crawl-delay 0.5: most requests of a host in 1 s: {worst}")
     assert max(worst.values()) <= 3
 

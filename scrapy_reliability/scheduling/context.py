@@ -45,9 +45,6 @@ class ServerClock:
     def callLater(self, delay: float, callable: Any, *args: Any, **kw: Any) -> IDelayedCall:
         return self._base.callLater(delay, callable, *args, **kw)  # type: ignore[no-any-return]
 
-    def callFromThread(self, callable: Any, *args: Any, **kw: Any) -> None:
-        self._base.callFromThread(callable, *args, **kw)
-
 
 class Tally:
     """Counts of the per-request path, added to Scrapy's stats in one go (by each

@@ -3,7 +3,9 @@ request timestamps, with one worker and with two sharing one Postgres."""
 
 from __future__ import annotations
 
+import itertools
 import re
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -17,7 +19,7 @@ from scrapy_reliability.config import Config, SettingError
 from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
 from scrapy_reliability.frontier.politeness import PACE_AHEAD, DomainLimits, Politeness
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess, max_per_window
-from tests.crawling import Crawl, make_project, pages_in, read_jsonl
+from tests.crawling import Crawl, count_lines, make_project, pages_in, read_jsonl
 from tests.frontier_helpers import add
 
 
@@ -501,3 +503,59 @@ def test_slow_start_ramps_a_new_domain_up():
     delayed = DomainState("d.test", 0.0, 0.0, 0.5, created_at=0.0)
     assert delayed.effective_rate(DomainLimits(rate=50.0), Politeness(), 10.0) == 2.0
     assert delayed.effective_rate(DomainLimits(rate=0.0), Politeness(), 10.0) == 2.0
+
+
+@pytest.mark.slow
+def test_pacing_catches_up_after_a_stall_instead_of_shifting_by_it(tmp_path: Path):
+    """The crawl is SIGSTOPped for STALL seconds mid-crawl (rate 5/s, burst 1). After
+    SIGCONT each host goes on at its pace: one gap of about the stall, not a second
+    one of about 95% of it (the spacing the frontier gave two requests around the
+    stall is not the domain's), and no more than the rate allows in any second."""
+    stall = 12.0
+    config = SiteConfig(pages=60)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        items = tmp_path / "items.jsonl"
+        crawl = Crawl(
+            make_project(tmp_path),
+            site.start_urls(),
+            f"JOBDIR={tmp_path / 'job'}",
+            f"ITEMS_PATH={items}",
+            "RELIABILITY_DOMAIN_RATE=5",
+            "RELIABILITY_DOMAIN_BURST=1",
+            "RELIABILITY_LEASE_SECONDS=120",
+        )
+        proc = crawl.start()
+        try:
+            deadline = time.monotonic() + 120
+            while count_lines(site.log_path) < 45:
+                assert proc.poll() is None, crawl.log()[-2000:]
+                assert time.monotonic() < deadline, "the crawl made no progress"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGSTOP)
+            stopped = time.time()
+            time.sleep(stall)
+            resumed = time.time()
+            proc.send_signal(signal.SIGCONT)
+            assert proc.wait(timeout=180) == 0, crawl.log()[-2000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        log = read_jsonl(site.log_path)
+    assert pages_in(items) == {(h, i) for h in config.hosts for i in range(60)}
+    for host, times in per_host_times(log).items():
+        times.sort()
+        after = [t for t in times if t > resumed]
+        assert after, host
+        long_gaps = [round(b - a, 1) for a, b in itertools.pairwise(times) if b - a > 2.0]
+        print(
+            f"{host}: stopped {stall:.0f} s; first request {after[0] - resumed:.2f} s after "
+            f"SIGCONT; gaps over 2 s: {long_gaps}; last {times[-1] - resumed:.1f} s after"
+        )
+        assert [t for t in times if stopped + 0.5 < t < resumed] == [], host
+        assert len(long_gaps) <= 1, f"{host}: paced requests shifted by the stall: {long_gaps}"
+        # What was left goes at the pace (5/s) from SIGCONT, plus a second or two.
+        assert times[-1] - resumed <= len(after) / 5 + 3.0, host
+    worst = {host: max_per_window(t) for host, t in per_host_times(log).items()}
+    print(f"max requests per host in any 1 s window around the stall: {worst}")
+    assert max(worst.values()) <= 6

@@ -128,6 +128,7 @@ class Claimer:
         self._sending(token, worker_id)
         taken: list[int] = []
         starts: dict[int, float] = {}
+        spacing: dict[int, float] = {}
         excluded: set[str] = set()
         states: dict[str, DomainState] = {}
         if not policy.limits_anything:
@@ -178,6 +179,8 @@ class Claimer:
                 taken.append(task_id)
                 if start:
                     starts[task_id] = start
+                    if state is not None and state.spacing:  # always, when start
+                        spacing[task_id] = state.spacing
             if len(taken) >= limit or len(candidates) < want * 4 or not blocked:
                 break
             excluded |= blocked
@@ -192,9 +195,10 @@ class Claimer:
                 expires_at=now + lease_seconds,
                 now=now,
             )
-        return self._result(
+        result = self._result(
             conn, job_id, spec, rows, starts=starts, states=states, policy=policy, now=now
         )
+        return replace(result, spacing=spacing) if spacing else result
 
     def _result(
         self,

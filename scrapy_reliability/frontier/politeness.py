@@ -150,6 +150,9 @@ class DomainState:
     adaptive: ad.AdaptiveState = field(default_factory=ad.AdaptiveState)
     leased: int = 0
     changed: bool = False
+    #: The gap the last :meth:`try_take` put after its token (0: none): the
+    #: domain's spacing, which the worker keeps between two requests it sends.
+    spacing: float = 0.0
 
     def effective_rate(self, limits: DomainLimits, policy: Politeness, now: float) -> float:
         """Requests per second for this domain now (0: unlimited)."""
@@ -214,6 +217,7 @@ class DomainState:
         start = 0.0
         if rate:
             gap = (1.0 / rate) * (1.0 + policy.jitter * rng.random())
+            self.spacing = gap
             if self.burst(limits, policy) == 1:
                 earliest = now + PACE_LEAD
                 if earliest + PACE_AHEAD < self.tat:

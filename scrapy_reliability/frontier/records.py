@@ -157,6 +157,9 @@ class ClaimResult:
     #: own not_before); infinity while the domain is at its concurrency cap. A new
     #: row of such a domain cannot start before then.
     ready: Mapping[str, float] = field(default_factory=dict)
+    #: Rows of ``starts``: the gap their domain's bucket puts between two tokens,
+    #: for the worker to keep between two requests it sends late (after a stall).
+    spacing: Mapping[int, float] = field(default_factory=dict)
 
 
 class Transition(NamedTuple):

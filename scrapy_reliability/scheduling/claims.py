@@ -170,7 +170,10 @@ class ClaimBuffer:
             self.something_changed()
             self.ctx.stats.inc_value("reliability/claimed", len(result.rows))
             held = len(self.ready)
-            handed = sum(self._rebuild(row, result.starts.get(row.id, 0.0)) for row in result.rows)
+            handed = sum(
+                self._rebuild(row, result.starts.get(row.id, 0.0), result.spacing.get(row.id, 0.0))
+                for row in result.rows
+            )
             if held and len(self.ready) > held:
                 self._in_claim_order()
             kept = self.writes.written.handed_out()
@@ -229,10 +232,10 @@ class ClaimBuffer:
         self._poll_delay = min(self._poll_delay * 2, _POLL_SECONDS)
         self.wake_at(self.idle_until)
 
-    def _rebuild(self, row: Claimed, send_at: float = 0.0) -> bool:
+    def _rebuild(self, row: Claimed, send_at: float = 0.0, spacing: float = 0.0) -> bool:
         """Rebuild a claimed row into a request in the ready buffer (to start at
-        ``send_at``, if set); True when it was handed back for a worker whose spider
-        has its callback."""
+        ``send_at``, if set, at least ``spacing`` after its domain's last); True
+        when it was handed back for a worker whose spider has its callback."""
         assert self.ctx.spider is not None
         lease = Lease(
             row.id,
@@ -241,6 +244,7 @@ class ClaimBuffer:
             Stage.READY,
             claimed_at=self.ctx.clock.seconds(),
             send_at=send_at,
+            spacing=spacing,
             place=(-row.priority, row.claim_order, row.id),
         )
         self._latest_start = max(self._latest_start, send_at)

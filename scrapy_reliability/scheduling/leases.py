@@ -41,6 +41,9 @@ class Lease:
     claimed_at: float = 0.0
     #: A paced domain's request waits in the buffer until then (0: none).
     send_at: float = 0.0
+    #: With ``send_at``: the gap the frontier's bucket puts between two of its
+    #: domain's tokens (0: unknown).
+    spacing: float = 0.0
     #: Incremental recrawls: the body hash of the row's last fetch and its interval.
     content_hash: str | None = None
     recrawl_interval: float | None = None

@@ -33,7 +33,7 @@ logger = logging.getLogger("scrapy_reliability.scheduler")
 #: How long the other requests of a new domain wait for its robots.txt.
 ROBOTS_WAIT = 15.0
 #: Two paced requests of a domain go at least this share of the spacing the
-#: frontier gave them apart.
+#: frontier gave them apart (of its bucket's gap, when they are further apart).
 CATCH_UP = 0.95
 
 
@@ -98,7 +98,8 @@ class LocalPoliteness:
                 del ready[i]
                 if start:
                     assert lease is not None
-                    self._paced[domain] = (lease.send_at, now)
+                    last = self._paced.get(domain)
+                    self._paced[domain] = (max(lease.send_at, last[0] if last else 0.0), now)
                 if self.obey_robots:
                     self.robots_asked.setdefault(domain, now)
                 return request
@@ -107,13 +108,21 @@ class LocalPoliteness:
     def _paced_start(self, lease: Lease) -> float:
         """When a paced request may go: at its start, and never closer to the
         previous request of its domain than 95% of the spacing the frontier gave
-        them (a request that went late, when the reactor or the machine stalled,
-        does not bunch with the next one; the worker catches up 5% per request)."""
+        them, or of its bucket's gap when they are further apart than that (a
+        request that went late, when the reactor or the machine stalled, does not
+        bunch with the next one; after a stall the requests held go one gap apart
+        until they are on time again, instead of keeping the stall between each
+        two)."""
         start = lease.send_at
         previous = self._paced.get(lease.domain)
-        if previous is not None and start > previous[0]:
-            start = max(start, previous[1] + CATCH_UP * (start - previous[0]))
-        return start
+        if previous is None:
+            return start
+        # A token before the last one sent (the buffer is in claim order) is late
+        # too: it keeps the bucket's gap as well.
+        spacing = max(0.0, start - previous[0])
+        if lease.spacing:
+            spacing = min(spacing, lease.spacing) if spacing else lease.spacing
+        return max(start, previous[1] + CATCH_UP * spacing)
 
     def _robots_allow(self, domain: str, now: float) -> bool:
         asked = self.robots_asked.get(domain)

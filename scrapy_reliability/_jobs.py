@@ -11,6 +11,7 @@ from scrapy.utils.job import job_dir
 from scrapy.utils.project import data_path
 
 from scrapy_reliability.config import Config
+from scrapy_reliability.frontier.liveness import MARK
 
 SQLITE_FILENAME = "reliability.sqlite"
 
@@ -38,10 +39,11 @@ def job_name(config: Config, settings: BaseSettings, spider_name: str) -> str:
 
 
 def worker_identity() -> tuple[str, str, int]:
-    """(worker id, hostname, pid) of this process."""
+    """(worker id, hostname, pid) of this process. The id ends with the mark of a
+    worker that holds its session lock on PostgreSQL (``frontier/liveness.py``)."""
     hostname = socket.gethostname()
     pid = os.getpid()
-    return f"{hostname[:40]}:{pid}:{os.urandom(4).hex()}", hostname, pid
+    return f"{hostname[:40]}:{pid}:{os.urandom(4).hex()}{MARK}", hostname, pid
 
 
 def local_process_is_dead(hostname: str, pid: int) -> bool:

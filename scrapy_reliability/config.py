@@ -304,6 +304,9 @@ class Config:
     #: receive the dead letters (and no other feed, no pipeline) even when
     #: ``dead_letter_items`` is off, since naming the class is the opt-in.
     dead_letter_feeds: tuple[str, ...] = ()
+    #: Store Authorization, Proxy-Authorization and Cookie request headers in the
+    #: frontier (scheduling/credentials.py); off unless the project says so.
+    store_credentials: bool = False
     #: Set by ``scrapy retrypass``: which dead letters this run re-crawls.
     retry_pass: RetryPass | None = None
     #: When the job's last run finished: True, a new run; False, nothing is crawled
@@ -393,6 +396,9 @@ class Config:
                 settings, "RELIABILITY_DEAD_LETTER_ITEMS", cls.dead_letter_items
             ),
             dead_letter_feeds=dead_letter_feeds(settings),
+            store_credentials=_bool(
+                settings, "RELIABILITY_STORE_CREDENTIALS", cls.store_credentials
+            ),
             retry_pass=RetryPass.from_setting(settings.get("RELIABILITY_RETRY_PASS")),
             restart_finished=(
                 None
@@ -457,11 +463,8 @@ def _job_name(raw: Any) -> str | None:
     if raw is None or raw == "":
         return None
     if isinstance(raw, bool) or not isinstance(raw, (str, int)) or not str(raw).strip():
-        raise _error(
-            "RELIABILITY_JOB",
-            "a job name (a non-empty string); leave it unset for the default",
-            raw,
-        )
+        expected = "a job name (a non-empty string); leave it unset for the default"
+        raise _error("RELIABILITY_JOB", expected, raw)
     return str(raw).strip()
 
 

@@ -236,7 +236,7 @@ class Scheduler(BaseScheduler):
             return False
         domain = urlparse_cached(request).hostname or ""
         try:
-            payload = request_to_payload(request, spider)
+            payload = request_to_payload(request, spider, credentials=self._ctx.credentials.store)
             unstorable = check_storable_fields(request.url, request.priority, domain)
             stat = "unstorable"
         except UnserializableRequest as exc:
@@ -252,6 +252,7 @@ class Scheduler(BaseScheduler):
                 stat=stat,
             )
             return False
+        self._ctx.credentials.hold(key, request)
         self._ctx.tally.add("reliability/enqueued")
         row = NewRequest(
             fingerprint=key,

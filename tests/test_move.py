@@ -290,6 +290,12 @@ def test_refusals_write_nothing_to_the_target(tmp_path: Path) -> None:
     unreachable = f"postgresql+psycopg://crawler:{PASSWORD}@127.0.0.1:1/crawls"
     line = one_error(move(tmp_path, source, unreachable))
     assert "cannot be reached" in line and PASSWORD not in line
+    # A login the server refuses is the target's, named by --to.
+    refused = f"postgresql+psycopg://no_such_role:{PASSWORD}@127.0.0.1:5432/postgres"
+    line = one_error(move(tmp_path, source, refused))
+    print(line)
+    assert line.startswith("error: --to ") and "RELIABILITY_DATABASE_URL" not in line, line
+    assert PASSWORD not in line
 
     # A target that already has the job: nothing of it changes.
     taken = f"sqlite:///{tmp_path / 'taken.sqlite'}"

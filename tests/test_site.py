@@ -695,6 +695,7 @@ def test_log_records_page_requests_only(tmp_path: pathlib.Path) -> None:
             "fault",
             "early",
             "ua",
+            "authorization",
             "conditional",
         }
         assert before <= first["t"] <= second["t"] <= after
@@ -706,6 +707,7 @@ def test_log_records_page_requests_only(tmp_path: pathlib.Path) -> None:
             "fault": None,
             "early": False,
             "ua": "probe/1.0",
+            "authorization": None,
             "conditional": False,
         }
         assert (second["page"], second["status"], second["ua"]) == (None, 404, "other")

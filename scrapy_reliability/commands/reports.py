@@ -11,9 +11,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
+
+from scrapy_reliability import _jobs
 from scrapy_reliability.commands.context import Context, JobGone
 from scrapy_reliability.commands.text import ago, clip, iso, table, when
-from scrapy_reliability.frontier import adaptive
+from scrapy_reliability.config import Config
+from scrapy_reliability.frontier import adaptive, liveness
+from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.inspect import DomainInfo, WorkerInfo
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 from scrapy_reliability.frontier.reports import learned_text
@@ -38,6 +43,7 @@ def show_status(ctx: Context, args: list[str]) -> None:
     status = inspector.status(job, now=ctx.now)
     domains = status.domains
     limits, limits_from = ctx.limits(job, spider)
+    states = worker_states(inspector.engine, status.workers, ctx.now, ctx.config(spider))
     if ctx.opts.json:
         ctx.print_json(
             {
@@ -52,7 +58,7 @@ def show_status(ctx: Context, args: list[str]) -> None:
                 "last_dead_at": status.last_dead_at,
                 "expired_leases": status.expired_leases,
                 "domains": [asdict(d) for d in domains],
-                "workers": [_worker_json(w, ctx) for w in status.workers],
+                "workers": [_worker_json(w, ctx, states[w.id]) for w in status.workers],
             }
         )
         return
@@ -101,9 +107,35 @@ def show_status(ctx: Context, args: list[str]) -> None:
     out(_domain_table(domains, ctx, limit=ctx.limit()))
     out("")
     if status.workers:
-        out(_worker_table(status.workers, ctx))
+        out(_worker_table(status.workers, ctx, states))
+        dead = [w for w in status.workers if states[w.id].startswith("dead")]
+        if dead:
+            out(
+                f"Dead workers: {len(dead)} (their leases go back to pending at once when a "
+                "live worker of the job or the next run starts)"
+            )
     else:
         out("Workers: none running")
+
+
+def worker_states(
+    engine: Engine, found: list[WorkerInfo], now: float, config: Config
+) -> dict[str, str]:
+    """Each registered worker's state: ``dead (process gone)`` (a pid of this host),
+    ``dead (session gone)`` (PostgreSQL: see ``frontier/liveness.py``), ``silent``
+    (no heartbeat for a lease: it hangs, or died on another host), else ``alive``."""
+    if not found:
+        return {}
+    with reading(engine) as conn:
+        dead = liveness.dead_workers(
+            conn, [(w.id, w.hostname, w.pid) for w in found], _jobs.local_process_is_dead
+        )
+    return {
+        w.id: f"dead ({dead[w.id]})"
+        if w.id in dead
+        else ("silent" if now - w.heartbeat_at > config.lease_seconds else "alive")
+        for w in found
+    }
 
 
 def _moved_line(moved: Tombstone, ctx: Context) -> str:
@@ -278,18 +310,20 @@ def _domain_table(
     return text
 
 
-def _worker_json(w: WorkerInfo, ctx: Context) -> dict[str, Any]:
+def _worker_json(w: WorkerInfo, ctx: Context, state: str) -> dict[str, Any]:
     value = asdict(w)
     value["heartbeat_age_s"] = round(ctx.now - w.heartbeat_at, 1)
+    value["state"] = state
     return value
 
 
-def _worker_table(found: list[WorkerInfo], ctx: Context) -> str:
+def _worker_table(found: list[WorkerInfo], ctx: Context, states: dict[str, str]) -> str:
     return table(
-        ["worker", "host", "pid", "started", "heartbeat", "leases", "leases expire"],
+        ["worker", "state", "host", "pid", "started", "heartbeat", "leases", "leases expire"],
         [
             [
                 w.id,
+                states[w.id],
                 w.hostname,
                 w.pid,
                 ago(ctx.now - w.started_at) + " ago",

@@ -67,6 +67,8 @@ class ClaimBuffer:
         self.ready: deque[Request] = deque()
         #: The engine's last next_request() got None: it waits for a wake-up.
         self.starved = True
+        #: Called when a claim finds nothing while other workers hold leases.
+        self.starving: Callable[[], None] = lambda: None
         self.in_flight: Future[Any] | None = None
         self.wanted = False
         self._poll_delay = _FIRST_POLL_SECONDS
@@ -193,6 +195,8 @@ class ClaimBuffer:
             else:
                 self._foreign_backoff = 0.0
             return
+        if result.leased_elsewhere:
+            self.starving()
         if result.next_due is not None:
             self._wait_for(result.next_due, result.leased_elsewhere)
         elif result.leased_elsewhere:
@@ -253,6 +257,7 @@ class ClaimBuffer:
             request = self.writes.written.take(row.fingerprint, row.payload)
             if request is None:
                 request = payload_to_request(row.payload, self.ctx.spider)
+            self.ctx.credentials.restore(row.fingerprint, request)
             retry_times = request.meta.get("retry_times", 0)
             if isinstance(retry_times, bool) or not isinstance(retry_times, int):
                 raise CorruptPayload(f"meta['retry_times'] is not a whole number: {retry_times!r}")

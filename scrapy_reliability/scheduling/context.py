@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from scrapy_reliability import _jobs
 from scrapy_reliability._executor import DatabaseThread, the_reactor
 from scrapy_reliability.frontier import clock
+from scrapy_reliability.scheduling.credentials import HeldCredentials
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
     from scrapy_reliability.config import Config
     from scrapy_reliability.frontier import Frontier, Job
+    from scrapy_reliability.frontier.liveness import SessionLock
 
 
 class Clock(Protocol):
@@ -84,6 +86,8 @@ class Context:
         self.config = config
         self.stats = stats
         self.tally = Tally(stats)
+        #: Credential headers not stored, held for this worker's own claims.
+        self.credentials = HeldCredentials(config.store_credentials, stats)
         self.retry_pass = config.retry_pass
         self.worker_id, self.hostname, self.pid = _jobs.worker_identity()
         self.clock: Clock = clock if clock is not None else ServerClock(the_reactor())
@@ -95,6 +99,8 @@ class Context:
         self.spider: Spider | None = None
         self.frontier: Frontier | None = None
         self.job: Job | None = None
+        #: PostgreSQL: this worker's session lock (frontier/liveness.py).
+        self.session_lock: SessionLock | None = None
         # SQLite: writes and claims run on the reactor thread when the database
         # thread is idle and the lock is free (see DatabaseThread).
         self.inline = False

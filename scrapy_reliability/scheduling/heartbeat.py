@@ -1,6 +1,10 @@
 """The heartbeat: every RELIABILITY_HEARTBEAT_SECONDS, renew the leases this
-worker knows it holds, send expired leases of other workers back to pending, and
-read the live workers' callbacks (``jobdb.beat``).
+worker knows it holds, send the leases of dead workers and the expired leases of
+others back to pending, and read the live workers' callbacks (``jobdb.beat``).
+
+A worker whose claims find nothing while other workers hold leases also looks for
+dead ones at once (at most every :data:`DEAD_CHECK_SECONDS`): near the end of a
+job, a sibling's SIGKILL costs seconds, not its lease (``frontier/liveness.py``).
 
 It runs on a thread and a database connection of its own (``Context.beats``),
 never behind the database thread's FIFO: a write waiting on another worker's
@@ -33,6 +37,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
 
+#: A starving worker looks for dead siblings at most this often.
+DEAD_CHECK_SECONDS = 2.0
+
 
 class Heartbeat:
     def __init__(
@@ -43,7 +50,9 @@ class Heartbeat:
         self.claims = claims
         self.outcomes = outcomes
         self._call: task.LoopingCall | None = None
-        self._in_flight: Future[tuple[int, int, dict[str, frozenset[str]]]] | None = None
+        self._in_flight: Future[jobdb.Beat] | None = None
+        self._dead_check: Future[dict[str, int]] | None = None
+        self._dead_checked = 0.0
 
     def start(self) -> None:
         self._call = looping_call(self.ctx.clock, self._beat)
@@ -54,7 +63,8 @@ class Heartbeat:
         ended, so that closing the frontier never pulls a connection from under it."""
         if self._call is not None and self._call.running:
             self._call.stop()
-        future = self._in_flight
+        # A beat and a look for dead workers never run at once.
+        future = self._in_flight or self._dead_check
         if future is None or future.done():
             return succeed(None)
         d: Deferred[None] = Deferred()
@@ -63,9 +73,10 @@ class Heartbeat:
 
     def _beat(self) -> None:
         ctx = self.ctx
-        if ctx.job is None or ctx.closing or self._in_flight is not None:
+        if ctx.job is None or ctx.closing or self._in_flight or self._dead_check:
             return
         assert ctx.frontier is not None
+        self._dead_checked = ctx.clock.seconds()
         self._in_flight = ctx.beats.call_soon(
             jobdb.beat,
             self._beaten,
@@ -73,9 +84,47 @@ class Heartbeat:
             ctx.worker_id,
             ctx.job.id,
             ctx.config.lease_seconds,
+            ctx.session_lock,
         )
 
-    def _beaten(self, future: Future[tuple[int, int, dict[str, frozenset[str]]]]) -> None:
+    def look_for_dead(self) -> None:
+        """This worker starves while others hold leases: are they alive?"""
+        ctx = self.ctx
+        if ctx.job is None or ctx.closing or ctx.frontier is None:
+            return
+        if self._in_flight or self._dead_check:
+            return
+        now = ctx.clock.seconds()
+        if now - self._dead_checked < DEAD_CHECK_SECONDS:
+            return
+        self._dead_checked = now
+        self._dead_check = ctx.beats.call_soon(
+            jobdb.find_dead, self._found_dead, ctx.frontier, ctx.worker_id, ctx.job.id
+        )
+
+    def _found_dead(self, future: Future[dict[str, int]]) -> None:
+        self._dead_check = None
+        if future.exception() is None:
+            self._took_back(future.result())
+        # A failure is the next beat's to find and report.
+
+    def _took_back(self, dead: dict[str, int]) -> None:
+        if not dead:
+            return
+        ctx = self.ctx
+        ctx.stats.inc_value("reliability/workers/dead", len(dead))
+        ctx.stats.inc_value("reliability/lease/recovered_dead", sum(dead.values()))
+        for worker_id, n in dead.items():
+            logger.warning(
+                "Worker %(worker)s is gone (its process or its database session ended): "
+                "its %(n)d leases went back to pending at once, not when they expire",
+                {"worker": worker_id, "n": n},
+                extra=ctx.log(),
+            )
+        self.claims.something_changed()
+        self.claims.wake_engine()
+
+    def _beaten(self, future: Future[jobdb.Beat]) -> None:
         self._in_flight = None
         ctx = self.ctx
         exc = future.exception()
@@ -90,9 +139,11 @@ class Heartbeat:
             )
             return
         self.storage.ok()
-        _renewed, expired, peers = future.result()
-        self.outcomes.peers.update(peers)
+        beat = future.result()
+        expired = beat.expired
+        self.outcomes.peers.update(beat.peers)
         report_db(ctx)
+        self._took_back(beat.dead)
         if expired:
             ctx.stats.inc_value("reliability/lease/recovered", expired)
             logger.info(

@@ -25,6 +25,7 @@ from scrapy_reliability.frontier import (
     WriteBatch,
     WriteResult,
     clock,
+    liveness,
     tombstone,
 )
 from scrapy_reliability.frontier.adoption import is_adopted
@@ -58,6 +59,8 @@ class Opened:
     pruned: tuple[int, int] = (0, 0)
     #: The JOBDIR held Scrapy's own crawl state: what became of it.
     adoption: Adoption | None = None
+    #: PostgreSQL: this worker's session lock (``frontier/liveness.py``).
+    session_lock: liveness.SessionLock | None = None
 
 
 @dataclass
@@ -137,6 +140,7 @@ def open_job(
         busy_timeout=config.sqlite_busy_timeout,
         limits=config.postgres,
     )
+    session_lock = None
     try:
         # Every deadline the job stores is told by the server's clock: measure it
         # before the first one.
@@ -168,23 +172,23 @@ def open_job(
             pruned = frontier.prune_runs(name, config.keep_runs)
         if is_adopted(frontier.engine, job.id):
             job = dataclasses.replace(job, adopted=True)
+        # Held before the worker's row exists: a sibling that sees the row sees the lock.
+        exclusive = frontier.engine.dialect.name == "sqlite"
+        if not exclusive:
+            session_lock = liveness.SessionLock(frontier.engine, worker.id)
         frontier.register_worker(
             job.id, worker.id, worker.hostname, worker.pid, callbacks=callbacks
         )
         frontier.record_limits(job.id, config.politeness.to_json())
         # One process per SQLite file (held by the lock), so any other registered
         # worker of this job is a dead predecessor.
-        exclusive = frontier.engine.dialect.name == "sqlite"
-        recovered = frontier.recover_dead_workers(
-            job.id,
-            me=worker.id,
-            is_dead=(lambda _h, _p: True) if exclusive else _jobs.local_process_is_dead,
-        )
-        recovered += frontier.expire(job.id)
+        is_dead = (lambda _h, _p: True) if exclusive else _jobs.local_process_is_dead
+        released = liveness.recover_dead(frontier.engine, job.id, worker.id, is_dead, clock.now())
+        recovered = sum(released.values()) + frontier.expire(job.id)
         counts = frontier.counts(job.id) if job.resumed else {}
         peers = frontier.live_callbacks(job.id, me=worker.id, alive_within=config.lease_seconds)
     except SQLAlchemyError as exc:
-        frontier.close()
+        _close(session_lock, frontier)
         # E.g. a full disk: the database opened but cannot be written.
         raise FrontierUnavailable(
             f"Cannot start job {name!r} on the frontier {redact(url)}: "
@@ -192,11 +196,17 @@ def open_job(
             "Fix the database (disk space, permissions) and run the same command again."
         ) from None
     except BaseException:
-        frontier.close()
+        _close(session_lock, frontier)
         raise
     if reopened is not None:
         counts["reopened"] = reopened
-    return Opened(frontier, job, recovered, counts, peers, pruned, adoption)
+    return Opened(frontier, job, recovered, counts, peers, pruned, adoption, session_lock)
+
+
+def _close(session_lock: liveness.SessionLock | None, frontier: Frontier) -> None:
+    if session_lock is not None:
+        session_lock.close()
+    frontier.close()
 
 
 def restarts(config: Config) -> bool:
@@ -220,18 +230,48 @@ def _reopen_dead_letters(frontier: Frontier, name: str, rp: RetryPass | None) ->
     return 0 if reopened is None else reopened[1]
 
 
+@dataclass
+class Beat:
+    """What a heartbeat did."""
+
+    renewed: int = 0
+    #: Expired leases of other workers sent back to pending.
+    expired: int = 0
+    #: Live workers and their spiders' callback names.
+    peers: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: Dead workers (see ``frontier/liveness.py``): rows of each sent back to pending.
+    dead: dict[str, int] = field(default_factory=dict)
+
+
 def beat(
-    frontier: Frontier, worker_id: str, job_id: int, lease_seconds: float
-) -> tuple[int, int, dict[str, frozenset[str]]]:
-    """The heartbeat: renew this worker's leases, expire others' stale ones, and
-    read the live workers' callbacks."""
+    frontier: Frontier,
+    worker_id: str,
+    job_id: int,
+    lease_seconds: float,
+    session_lock: liveness.SessionLock | None = None,
+) -> Beat:
+    """The heartbeat: renew this worker's leases, send back those of dead workers
+    and others' expired ones, and read the live workers' callbacks."""
     frontier.check_storage()
     measure_clock(frontier)
+    if session_lock is not None:
+        session_lock.check()
     renewed = frontier.renew(worker_id, lease_seconds=lease_seconds)
     crash_point("mid_heartbeat")
+    dead = find_dead(frontier, worker_id, job_id)
     expired = frontier.expire(job_id)
     peers = frontier.live_callbacks(job_id, me=worker_id, alive_within=lease_seconds)
-    return renewed, expired, peers
+    return Beat(renewed, expired, peers, dead)
+
+
+def find_dead(frontier: Frontier, worker_id: str, job_id: int) -> dict[str, int]:
+    """Send the leases of this job's dead workers back to pending (PostgreSQL:
+    their session ended; on this host: their process is gone)."""
+    if frontier.engine.dialect.name == "sqlite":
+        return {}  # one process per file: its dead predecessors went at open
+    return liveness.recover_dead(
+        frontier.engine, job_id, worker_id, _jobs.local_process_is_dead, clock.now()
+    )
 
 
 def close_job(
@@ -246,6 +286,7 @@ def close_job(
     cause: Callable[[BaseException], str],
     spider: Any,
     reachable: bool = True,
+    session_lock: liveness.SessionLock | None = None,
 ) -> Closing:
     """Write what is left, release this worker's leases, finish the job if it is
     complete, and say what keeps it from being so.
@@ -257,7 +298,7 @@ def close_job(
     closing = Closing()
     if not reachable:
         closing.failed = "the database did not answer"
-        frontier.close()
+        _close(session_lock, frontier)
         return closing
     try:
         failed = in_flight is not None and in_flight.exception() is not None
@@ -287,5 +328,5 @@ def close_job(
         # The database is gone: leases it still holds expire by themselves.
         closing.failed = cause(exc)
     finally:
-        frontier.close()
+        _close(session_lock, frontier)
     return closing

@@ -115,6 +115,8 @@ class Outcomes:
         fetched: Fetched | None = None,
     ) -> None:
         self.leases.start_settling(lease)
+        if outcome is not Outcome.RELEASE:  # released, the row is claimed again
+            self.ctx.credentials.forget(lease.key)
         self.writes.transition(
             Transition(
                 lease.task_id,
@@ -270,7 +272,7 @@ class Outcomes:
             int(request.meta.get("retry_times", 0)) > lease.retry_times
         )
         try:
-            payload = request_to_payload(request, ctx.spider)
+            payload = request_to_payload(request, ctx.spider, credentials=ctx.credentials.store)
             unstorable = check_storable_fields(
                 request.url, request.priority, urlparse_cached(request).hostname or ""
             )
@@ -291,6 +293,7 @@ class Outcomes:
                 error_class="refused",
             )
             return True
+        ctx.credentials.hold(lease.key, request)
         self.leases.start_settling(lease)
         failure = decided or {}
         pause_until = failure.get("pause_until")

@@ -60,6 +60,7 @@ class Session:
         # not open one): nothing is scheduled.
         self.job_finished = False
         self.heartbeat = Heartbeat(ctx, storage, claims, outcomes)
+        claims.starving = self.heartbeat.look_for_dead
         self._watchdog: Watchdog | None = None
         self._unhook: Callable[[], None] | None = None
         # Set when the run ends incomplete: replaces Scrapy's "finished".
@@ -114,7 +115,9 @@ class Session:
         files = stock_jobdir.find(self.ctx.crawler.settings)
         if files is None or self.ctx.retry_pass is not None:
             return None
-        return stock_jobdir.StockJobdir(self.ctx.crawler, spider, self.dupefilter.key, files)
+        stock = stock_jobdir.StockJobdir(self.ctx.crawler, spider, self.dupefilter.key, files)
+        stock.credentials = self.ctx.credentials
+        return stock
 
     def _adopted(self, opened: jobdb.Opened | JobFinished) -> jobdb.Opened | JobFinished:
         if isinstance(opened, jobdb.Opened) and opened.adoption is not None:
@@ -162,6 +165,7 @@ class Session:
             self._frozen = True
         job, recovered, counts = opened.job, opened.recovered, opened.counts
         ctx.frontier = opened.frontier
+        ctx.session_lock = opened.session_lock
         self.outcomes.peers.update(opened.peers)
         ctx.job = job
         # SQLite: writes and claims run on the reactor thread when the database
@@ -308,6 +312,7 @@ class Session:
             cause=self.storage.cause,
             spider=ctx.spider,
             reachable=self.storage.silent is None,
+            session_lock=ctx.session_lock,
         )
         d = beating.addCallback(lambda _: ctx.db.deferred(close))
         return d.addCallback(self._closed, reason, never_started)

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
     from scrapy_reliability.frontier import Frontier
     from scrapy_reliability.scheduling.context import Context
+    from scrapy_reliability.scheduling.credentials import HeldCredentials
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
 
@@ -149,6 +150,9 @@ class Adoption:
 
 class StockJobdir:
     """Imports a stock JOBDIR into a job that does not exist yet (see the module)."""
+
+    #: Where the credential headers not stored go (for this worker's claims).
+    credentials: HeldCredentials | None = None
 
     def __init__(
         self, crawler: Crawler, spider: Spider, key: Callable[[Request], str], files: StockFiles
@@ -305,7 +309,8 @@ class StockJobdir:
             key, filtered = f"u:{uuid.uuid4().hex}", False
         domain = urlparse_cached(request).hostname or ""
         try:
-            payload = request_to_payload(request, self.spider)
+            store = self.credentials is None or self.credentials.store
+            payload = request_to_payload(request, self.spider, credentials=store)
             unstorable = check_storable_fields(request.url, request.priority, domain)
         except UnserializableRequest as exc:
             unstorable = str(exc)
@@ -325,6 +330,8 @@ class StockJobdir:
                 reason=unstorable,
             )
             return Queued(row, filtered)
+        if not store and self.credentials is not None:
+            self.credentials.hold(key, request)
         return Queued(NewRequest(key, request.priority, domain, request.url, payload), filtered)
 
 
@@ -417,9 +424,6 @@ def _remove(path: Path) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else ""
-
-
-# -- what the session says -------------------------------------------------------------------
 
 
 def report(adoption: Adoption, job: str, scheme: str, ctx: Context) -> None:

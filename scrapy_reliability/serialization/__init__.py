@@ -32,6 +32,7 @@ from scrapy_reliability.serialization.checks import (
 )
 from scrapy_reliability.serialization.decode import payload_key_request, payload_to_request
 from scrapy_reliability.serialization.encode import (
+    CREDENTIAL_HEADERS,
     MAX_PAYLOAD_LENGTH,
     PAYLOAD_VERSION,
     request_to_payload,
@@ -50,6 +51,7 @@ from scrapy_reliability.serialization.value_codecs import (
 )
 
 __all__ = [
+    "CREDENTIAL_HEADERS",
     "MAX_DOMAIN_LENGTH",
     "MAX_PAYLOAD_LENGTH",
     "MAX_PRIORITY",

@@ -95,13 +95,18 @@ def _method_name(spider: Spider, func: Any, role: str, request: Request) -> str 
     )
 
 
+#: Request headers that carry credentials, as Scrapy's Headers normalizes their
+#: names: left out of a payload unless ``credentials`` (RELIABILITY_STORE_CREDENTIALS).
+CREDENTIAL_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")
+
 # Scrapy's Headers, where it is a dict of normalized keys to lists of bytes.
 _DICT_HEADERS = Headers if issubclass(Headers, dict) else None
 
 
-def request_to_payload(request: Request, spider: Spider) -> str:
+def request_to_payload(request: Request, spider: Spider, *, credentials: bool = True) -> str:
     """Serialize ``request`` to a JSON string of ASCII characters, which
-    :func:`payload_to_request` rebuilds in any worker of this spider.
+    :func:`payload_to_request` rebuilds in any worker of this spider; without its
+    :data:`CREDENTIAL_HEADERS` unless ``credentials``.
 
     Raises :class:`UnserializableRequest`, naming the key, for what cannot be stored:
     a value JSON cannot hold (an object, a set, NaN or Infinity, an int of more than
@@ -117,9 +122,13 @@ def request_to_payload(request: Request, spider: Spider) -> str:
         # Scrapy's Headers is a dict of normalized keys to lists of bytes: its own
         # items() normalizes each key again.
         items = dict.items(headers) if type(headers) is _DICT_HEADERS else headers.items()
-        data["headers"] = [
-            [k.decode("latin-1"), [v.decode("latin-1") for v in vs]] for k, vs in items
+        stored = [
+            [k.decode("latin-1"), [v.decode("latin-1") for v in vs]]
+            for k, vs in items
+            if credentials or k not in CREDENTIAL_HEADERS
         ]
+        if stored:
+            data["headers"] = stored
     if request.body:
         try:
             data["body"] = request.body.decode("utf-8")

@@ -37,9 +37,10 @@ Contracts
   fault counters live in memory and start at zero with each process.
 * The log (``--log``) gets one JSON object per page request, written as one line and
   flushed immediately, and nothing else (no summary): ``{"t", "host", "path", "page",
-  "status", "fault", "early", "ua"}``. ``t`` is ``time.time()`` at arrival; ``status`` is
-  null for a TCP reset; ``fault`` names what shaped this response (a fault kind,
-  ``"outage"`` or ``"host-rate"``), null for a normal response; ``early`` is true for a
+  "status", "fault", "early", "ua", "authorization", "conditional"}``. ``t`` is
+  ``time.time()`` at arrival; ``status`` is null for a TCP reset; ``fault`` names what
+  shaped this response (a fault kind, ``"outage"`` or ``"host-rate"``), null for a
+  normal response; ``early`` is true for a
   request that arrived while a Retry-After pause it must honour was still running.
 * The host rate limiter (``--host-rate R``, 0: off; per host, decided at arrival with
   ``t`` as the time). ``--host-limiter window`` (the default): at most R requests

@@ -371,6 +371,7 @@ class _Site:
                 "fault": fault,
                 "early": early,
                 "ua": request.headers.get("user-agent"),
+                "authorization": request.headers.get("authorization"),
                 "conditional": "if-none-match" in request.headers
                 or "if-modified-since" in request.headers,
             }

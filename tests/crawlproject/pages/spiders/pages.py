@@ -37,6 +37,7 @@ class PagesSpider(scrapy.Spider):
         poison: str = "",
         start_meta: str = "",
         start_delay: str = "",
+        authorization: str = "",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -52,12 +53,16 @@ class PagesSpider(scrapy.Spider):
         # Seconds between two start requests: start() yields them lazily, as a spider
         # reading its start URLs from a slow source does.
         self.start_delay = float(start_delay) if start_delay else 0.0
+        # An Authorization header the spider sets on every request it yields.
+        self.headers = {"Authorization": authorization} if authorization else None
 
     async def start(self) -> AsyncIterator[Any]:
         for n, url in enumerate(self.start_urls):
             if n and self.start_delay:
                 await asyncio.sleep(self.start_delay)
-            yield scrapy.Request(url, dont_filter=True, meta=self.start_meta.get(url))
+            yield scrapy.Request(
+                url, dont_filter=True, meta=self.start_meta.get(url), headers=self.headers
+            )
 
     def parse(self, response: scrapy.http.Response) -> Iterator[Any]:
         yield from self.parse_page(response)
@@ -88,7 +93,7 @@ class PagesSpider(scrapy.Spider):
             if n == 1:
                 crash_point("mid_callback")  # the item and one link yielded
             via = "/r" if self.via_redirect and href.startswith("/p/") else ""
-            yield response.follow(via + href, callback=self.parse_page)
+            yield response.follow(via + href, callback=self.parse_page, headers=self.headers)
         if len(hrefs) >= 1000:
             # When Scrapy has taken the callback's whole output (the heavy-page tests).
             self.logger.info("Callback of %s ended after %d links", response.url, len(hrefs))

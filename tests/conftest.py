@@ -21,12 +21,22 @@ Database fixtures
 
 Every test that requests ``postgres_url`` (directly or through another fixture) is
 marked ``postgres`` as well.
+
+Test tiers
+----------
+A test that starts a process (a ``scrapy crawl``, the test site, a ``scrapy frontier``
+command) is marked ``crawl`` (``slow`` tests are, by definition); an unmarked test that
+starts one fails, naming the marker. The fast tier is every test that is none of
+``crawl``, ``long``, ``adaptive``, ``crashmatrix``::
+
+    python -m pytest -m "not crawl and not long and not adaptive and not crashmatrix"
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -178,6 +188,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "postgres_url" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.crawl)
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_crawl_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The fast tier starts no process: a test that does is marked ``crawl``."""
+    if request.node.get_closest_marker("crawl") is not None:
+        yield
+        return
+    original = subprocess.Popen.__init__
+    started: list[str] = []
+
+    def record(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
+        started.append(str(args)[:200])
+        original(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = record  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = original  # type: ignore[method-assign]
+    if started:
+        pytest.fail(
+            f"{request.node.nodeid} starts a process ({started[0]}): mark it @pytest.mark.crawl",
+            pytrace=False,
+        )
 
 
 # -- the crash-point matrix (tests/test_crash_matrix.py) ---------------------------------------

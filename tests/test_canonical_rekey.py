@@ -132,6 +132,7 @@ def _fill(frontier_url: str) -> int:
         frontier.close()
 
 
+@pytest.mark.crawl
 def test_rekey_merges_rows_of_one_page_and_stores_the_policy(
     frontier_url: str, tmp_path: Path
 ) -> None:
@@ -183,6 +184,7 @@ def test_rekey_merges_rows_of_one_page_and_stores_the_policy(
     assert again.returncode == 0 and "0 keys changed, 0 rows merged" in again.stdout
 
 
+@pytest.mark.crawl
 def test_rekey_is_refused_while_a_worker_is_live(frontier_url: str, tmp_path: Path) -> None:
     job_id = _fill(frontier_url)
     frontier = Frontier.connect(frontier_url)

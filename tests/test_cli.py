@@ -181,6 +181,7 @@ def states(frontier_url: str) -> Iterator[States]:
         frontier.close()
 
 
+@pytest.mark.crawl
 def test_explain_gives_the_reason_of_each_state(
     states: States, frontier_url: str, tmp_path: Path
 ) -> None:
@@ -224,6 +225,7 @@ def test_explain_gives_the_reason_of_each_state(
     assert "permanent (HTTP 404, HTTP 404) after 1 attempt" in out
 
 
+@pytest.mark.crawl
 def test_dead_export_requeue_and_purge(states: States, frontier_url: str, tmp_path: Path) -> None:
     common = ["--database-url", frontier_url, "--job", JOB]
     listed = as_json(frontier_cmd(tmp_path, "dead", *common, "--json"))
@@ -290,6 +292,7 @@ def test_dead_export_requeue_and_purge(states: States, frontier_url: str, tmp_pa
     engine.dispose()
 
 
+@pytest.mark.crawl
 def test_status_of_a_running_job_shows_its_workers_and_leases(
     states: States, frontier_url: str, tmp_path: Path
 ) -> None:
@@ -315,6 +318,7 @@ def test_status_of_a_running_job_shows_its_workers_and_leases(
     assert "job 'nope' never ran" in missing.stdout and JOB in missing.stdout
 
 
+@pytest.mark.crawl
 def test_doctor(states: States, frontier_url: str, tmp_path: Path) -> None:
     report = as_json(
         frontier_cmd(tmp_path, "doctor", "--database-url", frontier_url, "--job", JOB, "--json")
@@ -337,6 +341,7 @@ def test_doctor(states: States, frontier_url: str, tmp_path: Path) -> None:
     assert "RELIABILITY_HEARTBEAT_SECONDS (20.0) must be shorter" in bad.stdout
 
 
+@pytest.mark.crawl
 def test_doctor_and_status_on_an_unreachable_database_never_print_the_password(
     tmp_path: Path,
 ) -> None:
@@ -351,6 +356,7 @@ def test_doctor_and_status_on_an_unreachable_database_never_print_the_password(
     assert "database  fail" in doctor.stdout
 
 
+@pytest.mark.crawl
 def test_status_of_a_frontier_that_does_not_exist(tmp_path: Path) -> None:
     result = frontier_cmd(tmp_path, "status", "--database-url", f"sqlite:///{tmp_path}/no.sqlite")
     assert result.returncode == 1
@@ -358,6 +364,7 @@ def test_status_of_a_frontier_that_does_not_exist(tmp_path: Path) -> None:
     assert not (tmp_path / "no.sqlite").exists()
 
 
+@pytest.mark.crawl
 def test_bad_arguments_are_refused_with_what_to_do(tmp_path: Path) -> None:
     result = frontier_cmd(tmp_path, "status")
     assert result.returncode == 2
@@ -418,6 +425,7 @@ def test_status_counts_come_from_one_snapshot(frontier_url: str) -> None:
         frontier.close()
 
 
+@pytest.mark.crawl
 def test_explain_status_and_domains_report_the_limits_the_crawl_runs_with(
     frontier_url: str, tmp_path: Path
 ) -> None:

@@ -86,6 +86,7 @@ def test_the_browser_extras_install_scrapy_playwright(extra: str) -> None:
 
 
 @pytest.mark.parametrize("handler", [SCRAPY_PLAYWRIGHT, OURS], ids=["scrapy-playwright", "ours"])
+@pytest.mark.crawl
 def test_browser_pages_without_scrapy_playwright_stop_at_start_in_one_line(
     handler: str, tmp_path: Path
 ) -> None:
@@ -106,6 +107,7 @@ def test_browser_pages_without_scrapy_playwright_stop_at_start_in_one_line(
     print(line)
 
 
+@pytest.mark.crawl
 def test_the_example_projects_browser_spider_without_the_extra(tmp_path: Path) -> None:
     """The example project turns browser pages on in one spider's custom_settings:
     without scrapy-playwright its other spider still runs, and that one stops at
@@ -147,6 +149,7 @@ def test_the_example_projects_browser_spider_without_the_extra(tmp_path: Path) -
     assert "Traceback" not in output
 
 
+@pytest.mark.crawl
 def test_metrics_without_prometheus_client_stop_at_start_in_one_line(tmp_path: Path) -> None:
     crawl = crawl_with(tmp_path, "RELIABILITY_PROMETHEUS_PORT=0")
     proc = crawl.start(env=blocking("prometheus_client"))
@@ -160,6 +163,7 @@ def test_metrics_without_prometheus_client_stop_at_start_in_one_line(tmp_path: P
     print(line)
 
 
+@pytest.mark.crawl
 def test_a_crawl_without_browser_pages_or_metrics_needs_neither(tmp_path: Path) -> None:
     """Nothing imports them unless the settings need them: with all three blocked, a
     plain crawl runs to its end."""
@@ -173,6 +177,7 @@ def test_a_crawl_without_browser_pages_or_metrics_needs_neither(tmp_path: Path) 
     assert "Traceback" not in crawl.log()
 
 
+@pytest.mark.crawl
 def test_doctor_names_the_missing_extras(tmp_path: Path) -> None:
     handlers = json.dumps({"https": SCRAPY_PLAYWRIGHT})
     cmd = [sys.executable, "-m", "scrapy.cmdline", "frontier", "doctor", "--json"]

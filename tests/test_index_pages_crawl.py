@@ -79,6 +79,7 @@ def _get(url: str) -> tuple[int, bytes]:
         return exc.code, b""
 
 
+@pytest.mark.crawl
 def test_the_site_serves_a_directory_and_its_index_html_alike(tmp_path: Path) -> None:
     log = tmp_path / "site.jsonl"
     href = re.compile(rb'href="([^"]+)"')

@@ -173,6 +173,7 @@ def _warnings(log: str) -> list[str]:
     return [line for line in log.splitlines() if "] WARNING: " in line]
 
 
+@pytest.mark.crawl
 def test_a_crawl_names_each_unknown_setting_at_start(tmp_path: Path, site: SiteProcess) -> None:
     """-s, the project's settings.py and the environment: one WARNING each, before the
     first request, and the crawl runs as it would without them."""
@@ -197,6 +198,7 @@ def test_a_crawl_names_each_unknown_setting_at_start(tmp_path: Path, site: SiteP
     assert "Traceback" not in log
 
 
+@pytest.mark.crawl
 def test_doctor_lists_unknown_settings(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/frontier.sqlite"
     result = frontier_cmd(

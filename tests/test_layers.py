@@ -10,6 +10,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import scrapy_reliability.frontier
 
 FRONTIER = Path(scrapy_reliability.frontier.__file__).parent
@@ -47,6 +49,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.crawl
 def test_the_frontier_imports_neither_scrapy_nor_twisted() -> None:
     out = subprocess.run(
         [sys.executable, "-c", _IMPORT_ALL, str(FRONTIER)],

@@ -87,6 +87,7 @@ def test_a_lost_lock_connection_is_taken_again(job, postgres_url: str) -> None:
         other.dispose()
 
 
+@pytest.mark.crawl
 def test_status_marks_workers_dead_alive_or_silent(job, postgres_url: str, tmp_path: Path) -> None:
     frontier, job_id = job
     held, gone, silent = (f"{ELSEWHERE}:{n}:dd{liveness.MARK}" for n in (5, 6, 7))

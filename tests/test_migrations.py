@@ -341,6 +341,7 @@ def _migrate_command(url: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.crawl
 def test_migrate_command(frontier_url: str, tmp_path: Path) -> None:
     first = _migrate_command(frontier_url, tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -353,6 +354,7 @@ def test_migrate_command(frontier_url: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", ["too-new", "unreachable"])
+@pytest.mark.crawl
 def test_migrate_command_fails_cleanly(case: str, sqlite_url: str, tmp_path: Path) -> None:
     if case == "too-new":
         url = sqlite_url

@@ -184,6 +184,7 @@ def with_password(url: str) -> str:
 
 
 @pytest.mark.postgres
+@pytest.mark.crawl
 def test_postgres_to_sqlite_and_back_keeps_every_column_of_every_row(
     tmp_path: Path, postgres_url: str
 ) -> None:
@@ -259,6 +260,7 @@ def one_error(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.crawl
 def test_refusals_write_nothing_to_the_target(tmp_path: Path) -> None:
     source = f"sqlite:///{tmp_path / 'source.sqlite'}"
     build_job(source, live=True)
@@ -293,9 +295,8 @@ def test_refusals_write_nothing_to_the_target(tmp_path: Path) -> None:
     # A login the server refuses is the target's, named by --to.
     refused = f"postgresql+psycopg://no_such_role:{PASSWORD}@127.0.0.1:5432/postgres"
     line = one_error(move(tmp_path, source, refused))
-    print(line)
-    assert line.startswith("error: --to ") and "RELIABILITY_DATABASE_URL" not in line, line
-    assert PASSWORD not in line
+    assert "refused the login" in line and "in --to postgresql+psycopg://" in line, line
+    assert "RELIABILITY_DATABASE_URL" not in line and PASSWORD not in line
 
     # A target that already has the job: nothing of it changes.
     taken = f"sqlite:///{tmp_path / 'taken.sqlite'}"

@@ -256,6 +256,7 @@ def test_delete_source_keeps_the_tombstone_moving_back_clears_it_and_the_overrid
 # -- operator commands on the source ------------------------------------------------------------
 
 
+@pytest.mark.crawl
 def test_operator_writes_on_the_source_are_refused_in_one_line_naming_the_target(
     tmp_path: Path, frontier_url: str
 ) -> None:
@@ -344,6 +345,7 @@ def test_operator_writes_on_the_source_are_refused_in_one_line_naming_the_target
 
 
 @pytest.mark.postgres
+@pytest.mark.crawl
 def test_delete_source_deletes_every_row_of_the_job_after_the_counts_match(
     tmp_path: Path, postgres_url: str
 ) -> None:
@@ -371,6 +373,7 @@ def test_delete_source_deletes_every_row_of_the_job_after_the_counts_match(
 
 
 @pytest.mark.postgres
+@pytest.mark.crawl
 def test_delete_source_deletes_nothing_when_the_committed_copy_does_not_count_the_same(
     tmp_path: Path, postgres_url: str
 ) -> None:
@@ -409,6 +412,7 @@ def test_delete_source_deletes_nothing_when_the_committed_copy_does_not_count_th
     assert tombstones(source) == {}
 
 
+@pytest.mark.crawl
 def test_delete_source_deletes_nothing_when_the_source_changed_after_the_copy(
     tmp_path: Path,
 ) -> None:
@@ -440,6 +444,7 @@ def test_delete_source_deletes_nothing_when_the_source_changed_after_the_copy(
 
 
 @pytest.mark.postgres
+@pytest.mark.crawl
 def test_errors_about_the_target_name_to_not_the_setting(tmp_path: Path, postgres_url: str) -> None:
     source = f"sqlite:///{tmp_path / 'source.sqlite'}"
     build_job(source)

@@ -562,6 +562,7 @@ async def _real_errors() -> dict[str, BaseException]:
     return errors
 
 
+@pytest.mark.crawl
 def test_real_chromium_errors_are_classified(chromium: str):
     errors = asyncio.run(_real_errors())
     expected = {
@@ -722,6 +723,7 @@ async def _live_page_payloads() -> tuple[bool, str]:
     return same, payload
 
 
+@pytest.mark.crawl
 def test_a_live_page_is_never_stored(chromium: str):
     """A live page is stored as a reference: this process gets the very page back;
     another process (a run after a kill -9) rebuilds the request without it, so

@@ -230,6 +230,7 @@ def test_rate_5_per_second_burst_1_with_one_worker(tmp_path: Path):
     assert max(worst.values()) <= 6
 
 
+@pytest.mark.crawl
 def test_a_polite_crawl_costs_few_database_round_trips_per_page(tmp_path: Path):
     """At 4 requests/s per domain (burst 4, 4 at once) a worker neither polls nor
     writes a transaction per page: acks and new links linger for the next claim to
@@ -321,6 +322,7 @@ def test_a_claim_never_waits_for_a_domain_row_another_worker_holds(postgres_url:
 
 
 @pytest.mark.postgres
+@pytest.mark.crawl
 def test_rate_holds_across_two_workers_on_one_postgres(tmp_path: Path, postgres_url: str):
     config = SiteConfig(pages=40)
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:

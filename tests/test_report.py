@@ -296,6 +296,7 @@ def hostile_frontier(url: str, *, dead: int) -> None:
         frontier.close()
 
 
+@pytest.mark.crawl
 def test_hostile_stored_values_are_shown_as_text_and_run_nothing(
     tmp_path: Path, browser_page: Any
 ) -> None:
@@ -367,6 +368,7 @@ def states(frontier_url: str) -> Iterator[States]:
         frontier.close()
 
 
+@pytest.mark.crawl
 def test_report_command_on_each_backend(states: States, frontier_url: str, tmp_path: Path):
     out = tmp_path / "out" / "report.html"
     common = ["--database-url", frontier_url, "--job", JOB]
@@ -399,6 +401,7 @@ def test_report_command_on_each_backend(states: States, frontier_url: str, tmp_p
     assert failed.stdout.startswith(f"error: cannot write the report to {blocked / 'r.html'}")
 
 
+@pytest.mark.crawl
 def test_the_report_only_reads(tmp_path: Path) -> None:
     """The report only reads: the frontier file is unchanged byte for byte."""
     db = tmp_path / "frontier.sqlite"
@@ -413,6 +416,7 @@ def test_the_report_only_reads(tmp_path: Path) -> None:
     assert report_data(out.read_text(encoding="utf-8"))["counts"]["dead"] == 1
 
 
+@pytest.mark.crawl
 def test_report_of_a_job_with_no_requests_says_so(tmp_path: Path, browser_page: Any) -> None:
     db = f"sqlite:///{tmp_path / 'frontier.sqlite'}"
     frontier = Frontier.connect(db)

@@ -194,6 +194,7 @@ def test_a_new_run_deletes_the_rows_of_runs_older_than_those_kept(frontier: Fron
     assert frontier.prune_runs("pruned", keep=2) == (2, 0)  # nothing left to delete
 
 
+@pytest.mark.crawl
 def test_the_domains_command_shows_what_was_learned_and_forgets_it(
     frontier: Frontier, frontier_url: str, tmp_path: Path
 ) -> None:

@@ -121,6 +121,7 @@ def pages_of(kind: str, host: str = TWO_HOSTS[0]) -> list[int]:
 # --------------------------------------------------------------------------- pages
 
 
+@pytest.mark.crawl
 def test_index_links_and_every_page_reachable_by_bfs(tmp_path: pathlib.Path) -> None:
     config = SiteConfig(hosts=TWO_HOSTS, pages=30, extra_links=2, seed=5)
     with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
@@ -173,6 +174,7 @@ def test_index_links_and_every_page_reachable_by_bfs(tmp_path: pathlib.Path) -> 
         assert len(site.read_log()) == len(fetched) + 3 + 6
 
 
+@pytest.mark.crawl
 def test_keep_alive_pipelining_http10_and_request_bodies() -> None:
     with SiteProcess(SiteConfig(hosts=TWO_HOSTS, pages=10)) as site:
         with socket.create_connection((site.hosts[0], site.port), timeout=5) as sock:
@@ -217,6 +219,7 @@ def test_keep_alive_pipelining_http10_and_request_bodies() -> None:
             assert stream.read(1) == b""
 
 
+@pytest.mark.crawl
 def test_many_requests_on_one_keep_alive_connection_are_fast() -> None:
     with SiteProcess(SiteConfig(hosts=TWO_HOSTS, pages=100)) as site:
         conn = http.client.HTTPConnection(site.hosts[1], site.port, timeout=5)
@@ -231,6 +234,7 @@ def test_many_requests_on_one_keep_alive_connection_are_fast() -> None:
         assert elapsed < 3.0, elapsed
 
 
+@pytest.mark.crawl
 def test_latency_delays_responses_without_blocking_others() -> None:
     with SiteProcess(SiteConfig(hosts=TWO_HOSTS, pages=10, latency_ms=300)) as site:
         results: list[Result] = []
@@ -391,6 +395,7 @@ def classify(url: str, slow_threshold: float) -> str | None:
     return "slow" if result.elapsed >= slow_threshold else None
 
 
+@pytest.mark.crawl
 def test_page_fault_agrees_with_server(tmp_path: pathlib.Path) -> None:
     config = SiteConfig(hosts=TWO_HOSTS, pages=80, fault_rate=0.3, seed=11, slow_seconds=0.25)
     with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
@@ -430,6 +435,7 @@ def test_page_fault_is_stable_and_configurable() -> None:
 # --------------------------------------------------------------------------- control
 
 
+@pytest.mark.crawl
 def test_outage_via_control_endpoint(tmp_path: pathlib.Path) -> None:
     config = SiteConfig(hosts=TWO_HOSTS, pages=10, crawl_delay=2.5)
     with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
@@ -461,6 +467,7 @@ def test_outage_via_control_endpoint(tmp_path: pathlib.Path) -> None:
         ]
 
 
+@pytest.mark.crawl
 def test_scheduled_outage() -> None:
     config = SiteConfig(hosts=TWO_HOSTS, pages=10, outage_start=0.5, outage_seconds=0.5)
     with SiteProcess(config) as site:
@@ -473,6 +480,7 @@ def test_scheduled_outage() -> None:
         assert get(site.url(0, "/p/1")).status == 200
 
 
+@pytest.mark.crawl
 def test_host_rate_limiter(tmp_path: pathlib.Path) -> None:
     config = SiteConfig(hosts=TWO_HOSTS, pages=50, host_rate=5, retry_after=1)
     with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
@@ -536,6 +544,7 @@ def served_times(log: list[dict[str, Any]], host: str, start: float = 0.0) -> li
     return [r["t"] for r in log if r["host"] == host and r["status"] == 200 and r["t"] >= start]
 
 
+@pytest.mark.crawl
 def test_host_bucket_admits_rate_times_t_plus_burst(tmp_path: pathlib.Path) -> None:
     config = SiteConfig(
         hosts=TWO_HOSTS, pages=50, host_limiter="bucket", host_rate=2.5, host_burst=3
@@ -563,6 +572,7 @@ def test_host_bucket_admits_rate_times_t_plus_burst(tmp_path: pathlib.Path) -> N
     assert any(r["early"] and r["status"] == 200 for r in log)  # a client that ignores it
 
 
+@pytest.mark.crawl
 def test_host_bucket_client_pacing_below_the_rate_gets_no_429(tmp_path: pathlib.Path) -> None:
     config = SiteConfig(hosts=TWO_HOSTS, pages=50, host_limiter="bucket", host_rate=5)
     with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
@@ -582,6 +592,7 @@ def test_host_bucket_client_pacing_below_the_rate_gets_no_429(tmp_path: pathlib.
     assert [(r["status"], r["early"]) for r in log] == [(200, False)] * 15
 
 
+@pytest.mark.crawl
 def test_host_bucket_early_flag_follows_retry_after(tmp_path: pathlib.Path) -> None:
     config = SiteConfig(
         hosts=TWO_HOSTS, pages=50, host_limiter="bucket", host_rate=0.5, host_retry_after=4
@@ -611,6 +622,7 @@ def test_host_bucket_early_flag_follows_retry_after(tmp_path: pathlib.Path) -> N
     ]
 
 
+@pytest.mark.crawl
 def test_host_rate_control_raises_the_limit_mid_run(tmp_path: pathlib.Path) -> None:
     config = SiteConfig(hosts=TWO_HOSTS, pages=50, host_limiter="bucket", host_rate=2)
     with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
@@ -659,6 +671,7 @@ def test_host_rate_control_raises_the_limit_mid_run(tmp_path: pathlib.Path) -> N
         assert len(site.read_log()) == len(log)
 
 
+@pytest.mark.crawl
 def test_host_rate_control_of_the_window_limiter(tmp_path: pathlib.Path) -> None:
     config = SiteConfig(hosts=TWO_HOSTS, pages=50, retry_after=1)  # no limit at start
     with SiteProcess(config, log_path=tmp_path / "log.jsonl") as site:
@@ -675,6 +688,7 @@ def test_host_rate_control_of_the_window_limiter(tmp_path: pathlib.Path) -> None
         assert [get(site.url(1, f"/p/{i}")).status for i in range(4)] == [200] * 3 + [429]
 
 
+@pytest.mark.crawl
 def test_log_records_page_requests_only(tmp_path: pathlib.Path) -> None:
     with SiteProcess(SiteConfig(hosts=TWO_HOSTS, pages=10), log_path=tmp_path / "l.jsonl") as site:
         before = time.time()
@@ -798,6 +812,7 @@ def test_config_host_limiter_options_and_validation() -> None:
             parse_args(["--port=1", *argv])
 
 
+@pytest.mark.crawl
 def test_cli_rejects_port_zero() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run(
@@ -820,6 +835,7 @@ def test_free_port_is_bindable_on_all_hosts() -> None:
             sock.bind((host, port))
 
 
+@pytest.mark.crawl
 def test_startup_failure_reports_stderr() -> None:
     port = free_port()
     with socket.socket() as blocker:
@@ -830,6 +846,7 @@ def test_startup_failure_reports_stderr() -> None:
             site.start()
 
 
+@pytest.mark.crawl
 def test_sigterm_exits_zero_promptly_with_request_in_flight() -> None:
     config = SiteConfig(
         hosts=TWO_HOSTS, pages=10, fault_rate=1.0, faults=("slow",), slow_seconds=30

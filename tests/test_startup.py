@@ -98,6 +98,7 @@ CASES: dict[str, tuple[Callable[[], str], tuple[str, ...]]] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.crawl
 def test_a_bad_database_url_is_one_error_line(case: str, tmp_path: Path) -> None:
     if case == "driver-not-installed" and importlib.util.find_spec("psycopg2"):
         pytest.skip("psycopg2 is installed here")
@@ -108,6 +109,7 @@ def test_a_bad_database_url_is_one_error_line(case: str, tmp_path: Path) -> None
     assert "RELIABILITY_DATABASE_URL" in line
 
 
+@pytest.mark.crawl
 def test_a_refused_login_is_one_error_line(postgres_url: str, tmp_path: Path) -> None:
     role = f"no_such_role_{uuid.uuid4().hex[:8]}"
     url = with_secrets(make_url(postgres_url).set(username=role).render_as_string(False))
@@ -121,6 +123,7 @@ def test_a_refused_login_is_one_error_line(postgres_url: str, tmp_path: Path) ->
     )
 
 
+@pytest.mark.crawl
 def test_a_missing_database_is_one_error_line(postgres_url: str, tmp_path: Path) -> None:
     name = f"no_such_db_{uuid.uuid4().hex[:8]}"
     url = with_secrets(make_url(postgres_url).set(database=name).render_as_string(False))
@@ -130,6 +133,7 @@ def test_a_missing_database_is_one_error_line(postgres_url: str, tmp_path: Path)
     )
 
 
+@pytest.mark.crawl
 def test_an_old_schema_is_one_error_line(frontier_url: str, tmp_path: Path) -> None:
     engine = create_engine(frontier_url)
     with engine.begin() as conn:
@@ -145,6 +149,7 @@ def test_an_old_schema_is_one_error_line(frontier_url: str, tmp_path: Path) -> N
     )
 
 
+@pytest.mark.crawl
 def test_a_newer_schema_is_one_error_line(sqlite_url: str, tmp_path: Path) -> None:
     Frontier.connect(sqlite_url).close()
     engine = create_engine(sqlite_url)
@@ -157,6 +162,7 @@ def test_a_newer_schema_is_one_error_line(sqlite_url: str, tmp_path: Path) -> No
     )
 
 
+@pytest.mark.crawl
 def test_a_sqlite_file_held_by_another_process_is_one_error_line(
     sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -168,6 +174,7 @@ def test_a_sqlite_file_held_by_another_process_is_one_error_line(
         holder.close()
 
 
+@pytest.mark.crawl
 def test_a_sqlite_write_lock_held_past_the_timeout_is_one_error_line(
     sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -188,6 +195,7 @@ def test_a_sqlite_write_lock_held_past_the_timeout_is_one_error_line(
 
 
 @pytest.mark.parametrize("process", ["AsyncCrawlerProcess", "CrawlerProcess"])
+@pytest.mark.crawl
 def test_a_bad_setting_value_is_one_error_line(process: str, tmp_path: Path) -> None:
     """Under Scrapy's default AsyncCrawlerProcess and under CrawlerProcess (which
     report an exception that ended a crawl in different ways)."""
@@ -282,6 +290,7 @@ def test_credentials_are_masked_in_logs_status_doctor_and_metrics(
         assert MARK not in output
 
 
+@pytest.mark.crawl
 def test_migrate_command_masks_query_credentials(tmp_path: Path) -> None:
     url = with_secrets(f"postgresql://crawler@127.0.0.1:{closed_port()}/crawls")
     result = subprocess.run(

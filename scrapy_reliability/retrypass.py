@@ -24,11 +24,11 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, option: str = "--older-than") -> float:
     """``90``, ``90s``, ``15m``, ``6h``, ``2d`` -> seconds."""
     match = _DURATION.match(text)
     if not match:
-        raise UsageError(f"--older-than takes a duration like 30m, 6h or 2d (got {text!r})")
+        raise UsageError(f"{option} takes a duration like 30m, 6h or 2d (got {text!r})")
     return float(match.group(1)) * _UNIT[match.group(2)]
 
 

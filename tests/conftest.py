@@ -25,9 +25,10 @@ marked ``postgres`` as well.
 Test tiers
 ----------
 A test that starts a process (a ``scrapy crawl``, the test site, a ``scrapy frontier``
-command) is marked ``crawl`` (``slow`` tests are, by definition); an unmarked test that
-starts one fails, naming the marker. The fast tier is every test that is none of
-``crawl``, ``long``, ``adaptive``, ``crashmatrix``::
+command) is marked ``crawl`` (``slow``, ``long``, ``adaptive`` and ``crashmatrix`` tests
+are, by definition); an unmarked test that starts one fails, naming the marker. The
+fast tier is every test that is none of ``crawl``, ``long``, ``adaptive``,
+``crashmatrix``::
 
     python -m pytest -m "not crawl and not long and not adaptive and not crashmatrix"
 """
@@ -188,7 +189,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "postgres_url" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
-        if item.get_closest_marker("slow") is not None:
+        # Outside the fast tier by definition: they may start processes.
+        if any(item.get_closest_marker(m) for m in ("slow", "long", "adaptive", "crashmatrix")):
             item.add_marker(pytest.mark.crawl)
 
 

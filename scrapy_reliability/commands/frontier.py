@@ -53,6 +53,7 @@ from scrapy_reliability.commands.rekey import rekey
 from scrapy_reliability.commands.report import write_report
 from scrapy_reliability.commands.report_html import ReportAssetMissing
 from scrapy_reliability.commands.reports import show_dead, show_domains, show_status
+from scrapy_reliability.commands.steer import pause_domains, resume_domains
 from scrapy_reliability.config import SettingError
 from scrapy_reliability.frontier.errors import FrontierError, first_line
 
@@ -70,6 +71,8 @@ HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
     "dead": show_dead,
     "report": write_report,
     "requeue": requeue_dead,
+    "pause": pause_domains,
+    "resume": resume_domains,
     "purge": purge,
     "move": move_job,
     "rekey": rekey,
@@ -108,9 +111,11 @@ class FrontierCommand(ScrapyCommand):
             "[SPIDER] URL... (why a URL is where it is); "
             "dead SPIDER (list, --output FILE to export); report SPIDER -o FILE (an HTML "
             "report with charts, opens offline); requeue SPIDER (dead requests "
-            "back to pending); purge SPIDER (--dead-letters, --pending, --whole-job or "
-            "--tombstone, with --yes); move SPIDER --to URL (copy the job to another "
-            "database, leave a tombstone; --delete-source); rekey SPIDER "
+            "back to pending); pause SPIDER --domain D [--for DURATION] and resume "
+            "SPIDER --domain D (for every worker, at once); purge SPIDER (--dead-letters, "
+            "--pending, --whole-job or --tombstone, with --yes); move SPIDER --to URL "
+            "(copy the job to another database, leave a tombstone; --delete-source); "
+            "rekey SPIDER "
             "(dedup keys under the current canonical URL policy, rows of one page merged); "
             "cache [SPIDER] (the HTTP cache; --purge by --domain, --older-than, --namespace); "
             "migrate [SPIDER]; doctor [SPIDER]. --json for scripts."
@@ -138,7 +143,8 @@ class FrontierCommand(ScrapyCommand):
             action="append",
             default=[],
             metavar="DOMAIN",
-            help="dead, requeue, purge, cache: only this domain (repeat or comma-separate)",
+            help="dead, requeue, purge, cache: only this domain; pause, resume: the domain "
+            "(repeat or comma-separate)",
         )
         group.add_argument(
             "--older-than",
@@ -190,6 +196,12 @@ class FrontierCommand(ScrapyCommand):
             help="purge the record that the job moved away: a crawl here runs it again",
         )
         group.add_argument("--to", metavar="URL", help="move: the database to move the job to")
+        group.add_argument(
+            "--for",
+            dest="for_",
+            metavar="DURATION",
+            help="pause: for this long (90s, 30m, 6h, 2d; default: until resumed)",
+        )
         group.add_argument(
             "--delete-source",
             action="store_true",

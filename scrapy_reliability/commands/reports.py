@@ -17,7 +17,7 @@ from scrapy_reliability import _jobs
 from scrapy_reliability.commands.context import Context, JobGone
 from scrapy_reliability.commands.text import ago, clip, iso, table, when
 from scrapy_reliability.config import Config
-from scrapy_reliability.frontier import adaptive, liveness
+from scrapy_reliability.frontier import adaptive, liveness, steering
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.inspect import DomainInfo, WorkerInfo
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
@@ -289,7 +289,8 @@ def _domain_table(
     for d in shown:
         row: list[Any] = [d.domain, *(d.counts.get(s, 0) for s in STATES)]
         row.append(
-            when(d.paused_until, ctx.now) + (f" ({d.pause_reason})" if d.pause_reason else "")
+            _paused_text(d.paused_until, ctx.now)
+            + (f" ({d.pause_reason})" if d.pause_reason else "")
             if d.paused_until > ctx.now
             else "-"
         )
@@ -308,6 +309,10 @@ def _domain_table(
     if len(shown) < len(ordered):
         text += f"\n({len(ordered) - len(shown)} more domains: --limit 0 shows all)"
     return text
+
+
+def _paused_text(until: float, now: float) -> str:
+    return "until resumed" if until - now > steering.UNTIL_RESUMED / 2 else when(until, now)
 
 
 def _worker_json(w: WorkerInfo, ctx: Context, state: str) -> dict[str, Any]:

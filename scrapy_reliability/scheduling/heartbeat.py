@@ -19,8 +19,9 @@ claims whose answer was lost), reported at each beat and at close.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
@@ -28,6 +29,7 @@ from twisted.internet.defer import Deferred, succeed
 from scrapy_reliability._executor import looping_call, the_reactor
 from scrapy_reliability.frontier.store import is_storage_failure
 from scrapy_reliability.scheduling import jobdb
+from scrapy_reliability.scheduling.steered import Steering
 
 if TYPE_CHECKING:
     from scrapy_reliability.scheduling.claims import ClaimBuffer
@@ -53,18 +55,30 @@ class Heartbeat:
         self._in_flight: Future[jobdb.Beat] | None = None
         self._dead_check: Future[dict[str, int]] | None = None
         self._dead_checked = 0.0
+        # The last call submitted to the heartbeat's thread (it runs them in order).
+        self._last: Future[Any] | None = None
+        self.steering = Steering(ctx, claims, outcomes.politeness, self.submit)
 
     def start(self) -> None:
         self._call = looping_call(self.ctx.clock, self._beat)
         self._call.start(self.ctx.config.heartbeat_seconds, now=False)
+        self.steering.start()
+
+    def submit(
+        self, fn: Callable[..., Any], done: Callable[[Future[Any]], None], *args: Any
+    ) -> Future[Any]:
+        """Run ``fn(*args)`` on the heartbeat's thread; ``done`` on the reactor's."""
+        self._last = future = self.ctx.beats.call_soon(fn, done, *args)
+        return future
 
     def stop(self) -> Deferred[None]:
-        """No more beats; the Deferred fires once the beat running now (if any)
+        """No more beats; the Deferred fires once the calls submitted to the
+        heartbeat's thread (a beat, a look for dead workers, a read of the pauses)
         ended, so that closing the frontier never pulls a connection from under it."""
         if self._call is not None and self._call.running:
             self._call.stop()
-        # A beat and a look for dead workers never run at once.
-        future = self._in_flight or self._dead_check
+        self.steering.stop()
+        future = self._last
         if future is None or future.done():
             return succeed(None)
         d: Deferred[None] = Deferred()
@@ -77,7 +91,7 @@ class Heartbeat:
             return
         assert ctx.frontier is not None
         self._dead_checked = ctx.clock.seconds()
-        self._in_flight = ctx.beats.call_soon(
+        self._in_flight = self.submit(
             jobdb.beat,
             self._beaten,
             ctx.frontier,
@@ -98,7 +112,7 @@ class Heartbeat:
         if now - self._dead_checked < DEAD_CHECK_SECONDS:
             return
         self._dead_checked = now
-        self._dead_check = ctx.beats.call_soon(
+        self._dead_check = self.submit(
             jobdb.find_dead, self._found_dead, ctx.frontier, ctx.worker_id, ctx.job.id
         )
 

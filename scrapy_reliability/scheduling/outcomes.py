@@ -444,8 +444,11 @@ class Outcomes:
                 keep.append(request)
                 continue
             self.leases.start_settling(lease)
+            # A pause read from the job may end early (`scrapy frontier resume`): its
+            # domain's row holds the rows back, not a not_before of their own.
+            until = 0.0 if lease.domain in self.politeness.steered else paused_until
             self.writes.batch.transitions.append(
-                Transition(lease.task_id, lease.token, Outcome.RELEASE, not_before=paused_until)
+                Transition(lease.task_id, lease.token, Outcome.RELEASE, not_before=until)
             )
             self.ctx.stats.inc_value("reliability/domain/held")
         if len(keep) == len(ready):

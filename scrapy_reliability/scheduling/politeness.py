@@ -43,6 +43,9 @@ class LocalPoliteness:
         self.spider: Spider | None = None
         # Domains this worker saw paused (until when).
         self.paused: dict[str, float] = {}
+        # Of those, the ones read from the job (an operator's pause, another worker's
+        # Retry-After: scheduling/steered.py), not this worker's own.
+        self.steered: set[str] = set()
         # The earliest moment a buffered request held for its start may go.
         self.held_until = 0.0
         # Paced domains: the start the frontier gave the last request sent, and when

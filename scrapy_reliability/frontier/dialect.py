@@ -176,8 +176,10 @@ def create(
         # server dropped fails its statement, the pool discards it, and the caller's
         # retry (the scheduler retries every failed write and claim) gets a new one.
         limits = limits or SessionLimits()
+        # Two for the database thread and the heartbeat's, two more under a burst, and
+        # one a crawl's worker holds for its life (its session lock: liveness.py).
         engine = create_engine(
-            url, pool_size=2, max_overflow=2, connect_args=pgsession.connect_args(url, limits)
+            url, pool_size=3, max_overflow=2, connect_args=pgsession.connect_args(url, limits)
         )
         pgsession.configure(engine, limits)
         return engine

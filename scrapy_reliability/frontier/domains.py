@@ -60,6 +60,19 @@ _SET_ADAPTIVE = (
 )
 
 
+def new_row(job_id: int, name: str, now: float) -> dict[str, Any]:
+    """The values of a domain's row when it is first seen: no pause, a full bucket."""
+    return {
+        "job_id": job_id,
+        "domain": name,
+        "tat": 0.0,
+        "paused_until": 0.0,
+        "rate_factor": 1.0,
+        "last_decrease_at": 0.0,
+        "created_at": now,
+    }
+
+
 def adaptive_state(row: Any) -> ad.AdaptiveState:
     """The adaptive state stored in a domain row. A value that is not a finite
     number >= 0 (a hand-edited or corrupt row) forgets what was learned rather than
@@ -125,22 +138,7 @@ class DomainRows:
         ]
         if not missing:
             return
-        conn.execute(
-            self._insert.values(
-                [
-                    {
-                        "job_id": job_id,
-                        "domain": name,
-                        "tat": 0.0,
-                        "paused_until": 0.0,
-                        "rate_factor": 1.0,
-                        "last_decrease_at": 0.0,
-                        "created_at": now,
-                    }
-                    for name in missing
-                ]
-            )
-        )
+        conn.execute(self._insert.values([new_row(job_id, name, now) for name in missing]))
         self._new.update((job_id, n) for n in missing)
 
     def lock_states(

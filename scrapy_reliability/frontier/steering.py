@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from sqlalchemy import Connection, Engine, and_, select, update
 
 from scrapy_reliability.frontier import dialect
+from scrapy_reliability.frontier.domains import new_row
 from scrapy_reliability.frontier.schema import PENDING, domains, requests
 
 #: A pause without an end: this far ahead (a float both backends store).
@@ -47,22 +48,7 @@ def pause(
     insert = dialect.insert_ignore(domains, engine)
     reason = f"{REASON_PREFIX}{who} at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(now))}"
     with engine.begin() as conn:
-        conn.execute(
-            insert.values(
-                [
-                    {
-                        "job_id": job_id,
-                        "domain": name,
-                        "tat": 0.0,
-                        "paused_until": 0.0,
-                        "rate_factor": 1.0,
-                        "last_decrease_at": 0.0,
-                        "created_at": now,
-                    }
-                    for name in names
-                ]
-            )
-        )
+        conn.execute(insert.values([new_row(job_id, name, now) for name in names]))
         conn.execute(
             update(domains)
             .where(domains.c.job_id == job_id, domains.c.domain.in_(list(names)))

@@ -57,11 +57,12 @@ class Heartbeat:
         self._dead_checked = 0.0
         # The last call submitted to the heartbeat's thread (it runs them in order).
         self._last: Future[Any] | None = None
-        self.steering = Steering(ctx, claims, outcomes.politeness, self.submit)
+        self.steering: Steering | None = None
 
     def start(self) -> None:
         self._call = looping_call(self.ctx.clock, self._beat)
         self._call.start(self.ctx.config.heartbeat_seconds, now=False)
+        self.steering = Steering(self.ctx, self.claims, self.outcomes.politeness, self.submit)
         self.steering.start()
 
     def submit(
@@ -77,7 +78,8 @@ class Heartbeat:
         ended, so that closing the frontier never pulls a connection from under it."""
         if self._call is not None and self._call.running:
             self._call.stop()
-        self.steering.stop()
+        if self.steering is not None:
+            self.steering.stop()
         future = self._last
         if future is None or future.done():
             return succeed(None)

@@ -508,6 +508,7 @@ def test_slow_start_ramps_a_new_domain_up():
 
 
 @pytest.mark.slow
+@pytest.mark.long  # about 30 s: a 12 s stall in a 60-page crawl
 def test_pacing_catches_up_after_a_stall_instead_of_shifting_by_it(tmp_path: Path):
     """The crawl is SIGSTOPped for STALL seconds mid-crawl (rate 5/s, burst 1). After
     SIGCONT each host goes on at its pace: one gap of about the stall, not a second

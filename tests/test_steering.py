@@ -54,6 +54,7 @@ def test_pause_and_resume_refuse_what_is_not_a_domain(tmp_path: Path, postgres_u
 
 
 @pytest.mark.slow
+@pytest.mark.long  # about 27 s: a 6 s pause in a crawl of 500 ms pages
 def test_a_pause_holds_for_every_worker_at_once_and_a_resume_starts_it_again(
     tmp_path: Path, postgres_url: str
 ) -> None:

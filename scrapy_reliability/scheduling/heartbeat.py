@@ -89,7 +89,8 @@ class Heartbeat:
 
     def _beat(self) -> None:
         ctx = self.ctx
-        if ctx.job is None or ctx.closing or self._in_flight or self._dead_check:
+        # A look for dead workers may run: the thread runs the beat after it.
+        if ctx.job is None or ctx.closing or self._in_flight:
             return
         assert ctx.frontier is not None
         self._dead_checked = ctx.clock.seconds()

@@ -5,7 +5,7 @@ opens one per operation)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Table, delete, func, select, update
@@ -363,26 +363,6 @@ def live_callbacks(
 
 def stop_worker(conn: Connection, worker_id: str, now: float) -> None:
     conn.execute(update(workers).where(workers.c.id == worker_id).values(stopped_at=now))
-
-
-def recover_dead_workers(
-    conn: Connection, job_id: int, me: str, is_dead: Callable[[str, int], bool], now: float
-) -> int:
-    """See :meth:`Frontier.recover_dead_workers`."""
-    recovered = 0
-    live = conn.execute(
-        select(workers.c.id, workers.c.hostname, workers.c.pid).where(
-            workers.c.job_id == job_id,
-            workers.c.stopped_at.is_(None),
-            workers.c.id != me,
-        )
-    ).all()
-    for worker in live:
-        if not is_dead(worker.hostname, worker.pid):
-            continue
-        recovered += release_leases_of(conn, worker.id, now)
-        conn.execute(update(workers).where(workers.c.id == worker.id).values(stopped_at=now))
-    return recovered
 
 
 # -- leases -------------------------------------------------------------------------------

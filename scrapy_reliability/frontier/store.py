@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
 from scrapy_reliability._crashpoints import crash_point
-from scrapy_reliability.frontier import clock, dialect, jobs
+from scrapy_reliability.frontier import clock, dialect, jobs, liveness
 from scrapy_reliability.frontier.alone import AloneWrite, AloneWrites, OnThread
 from scrapy_reliability.frontier.claim import Claimer
 from scrapy_reliability.frontier.connections import Connections, open_engine
@@ -273,11 +273,11 @@ class Frontier:
         is_dead: Callable[[str, int], bool],
         now: float | None = None,
     ) -> int:
-        """Release at once the leases of this job's workers that ``is_dead(hostname,
-        pid)`` says are gone, instead of waiting for their leases to expire.
-        Returns how many rows went back to pending."""
-        with self.engine.begin() as conn:
-            return jobs.recover_dead_workers(conn, job_id, me, is_dead, _now(now))
+        """Release at once the leases of this job's workers that are gone
+        (``is_dead(hostname, pid)``, or on PostgreSQL their session: liveness.py),
+        instead of waiting for their leases to expire. Returns how many rows went
+        back to pending."""
+        return sum(liveness.recover_dead(self.engine, job_id, me, is_dead, _now(now)).values())
 
     # -- the write path ---------------------------------------------------------------------
 

@@ -183,8 +183,8 @@ def open_job(
         # One process per SQLite file (held by the lock), so any other registered
         # worker of this job is a dead predecessor.
         is_dead = (lambda _h, _p: True) if exclusive else _jobs.local_process_is_dead
-        released = liveness.recover_dead(frontier.engine, job.id, worker.id, is_dead, clock.now())
-        recovered = sum(released.values()) + frontier.expire(job.id)
+        recovered = frontier.recover_dead_workers(job.id, me=worker.id, is_dead=is_dead)
+        recovered += frontier.expire(job.id)
         counts = frontier.counts(job.id) if job.resumed else {}
         peers = frontier.live_callbacks(job.id, me=worker.id, alive_within=config.lease_seconds)
     except SQLAlchemyError as exc:

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import Future
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import Engine, insert, select
 from sqlalchemy.exc import DataError, IntegrityError
 
 from scrapy_reliability import _executor
@@ -798,7 +798,7 @@ def test_a_write_aborted_as_a_deadlock_runs_again(postgres_url: str) -> None:
                 )
             )
             writer.start()
-            time.sleep(0.5)  # the write inserted "a" and waits for "b"
+            wait_for_a_lock_wait(other)  # the write inserted "a" and waits for "b"
             conn.execute(insert(requests).values(**row_values(job_id, "a")))  # waits for "a"
             conn.commit()
             writer.join(timeout=30)
@@ -810,6 +810,27 @@ def test_a_write_aborted_as_a_deadlock_runs_again(postgres_url: str) -> None:
     finally:
         frontier.close()
         other.dispose()
+
+
+def wait_for_a_lock_wait(engine: Engine) -> None:
+    """Return once another session of this database waits on a lock (a loaded machine
+    can take far longer than a fixed sleep to get the writer there)."""
+    from sqlalchemy import text
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        # A fresh connection each look: pg_stat_activity is read once per transaction.
+        with engine.connect() as look:
+            waiting = look.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        if waiting:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the write never waited for the other session's row")
 
 
 def row_values(job_id: int, fp: str) -> dict[str, object]:

@@ -326,13 +326,18 @@ class CanonicalPolicy:
             if port is not None and _DEFAULT_PORTS.get(split.scheme) == port:
                 netloc = netloc[: netloc.rfind(":")]
         path = split.path
-        slash = "keep"
+        slash = "keep" if rule is None else rule.trailing_slash
         if rule is not None:
-            path = rule.folded_index(path)
-            slash = rule.trailing_slash
-        if slash == "strip" and len(path) > 1 and path.endswith("/"):
-            path = path.rstrip("/") or "/"
-        elif slash == "add" and not path.endswith("/"):
+            # Until nothing changes: a stripped slash can leave an index name last
+            # ("/index.html/index.html" -> "/index.html/" -> "/index.html" -> "/").
+            while True:
+                folded = rule.folded_index(path)
+                if slash == "strip" and len(folded) > 1 and folded.endswith("/"):
+                    folded = folded.rstrip("/") or "/"
+                if folded == path:
+                    break
+                path = folded
+        if slash == "add" and not path.endswith("/"):
             path += "/"
         return urlunsplit((split.scheme, netloc, path, split.query, ""))
 

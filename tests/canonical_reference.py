@@ -103,12 +103,15 @@ def reference_canonical_url(policy: CanonicalPolicy, url: str) -> str:
     if port is not None and {"http": 80, "https": 443}.get(split.scheme) == port:
         netloc = netloc[: netloc.rfind(":")]
     path = split.path
-    if rule is not None and path.rpartition("/")[2] in rule.index_names:
-        path = path[: path.rindex("/") + 1]
     slash = rule.trailing_slash if rule is not None else "keep"
-    if slash == "strip" and len(path) > 1 and path.endswith("/"):
-        path = path.rstrip("/") or "/"
-    elif slash == "add" and not path.endswith("/"):
+    before = None
+    while path != before:  # a stripped slash may leave an index name last: again
+        before = path
+        if rule is not None and path.rpartition("/")[2] in rule.index_names:
+            path = path[: path.rindex("/") + 1]
+        if slash == "strip" and len(path) > 1 and path.endswith("/"):
+            path = path.rstrip("/") or "/"
+    if slash == "add" and not path.endswith("/"):
         path += "/"
     return urlunsplit((split.scheme, netloc, path, split.query, ""))
 

@@ -284,8 +284,8 @@ class Config:
     order: CrawlOrder = field(default_factory=CrawlOrder)
     auto_migrate: bool = False
     sqlite_busy_timeout: float = 30.0
-    #: A database failure (server gone, disk full) lasting this long stops the crawl.
-    # 45: with retries at most 5 s apart, the crawl has stopped within a minute.
+    #: A database failure (server gone, disk full) lasting this long stops the crawl
+    #: (45: with retries at most 5 s apart, the crawl has stopped within a minute).
     storage_give_up_seconds: float = 45.0
     #: A crawl's PostgreSQL sessions: statement, lock and idle-in-transaction
     #: timeouts, TCP keepalives (RELIABILITY_POSTGRES_*; frontier/pgsession.py).
@@ -296,9 +296,8 @@ class Config:
     #: Requests handed to the engine and not yet acked, at most; None means
     #: CONCURRENT_REQUESTS. It bounds what a crash fetches again.
     max_in_flight: int | None = None
-    #: Send each dead letter through the item pipelines as a DeadLetter item (and so
-    #: to every feed whose item_classes accept it). Off unless the project says so:
-    #: existing pipelines and feeds were written for the project's own items.
+    #: Send each dead letter through the item pipelines as a DeadLetter item (and so to
+    #: every feed whose item_classes accept it). Off unless the project says so.
     dead_letter_items: bool = False
     #: FEEDS entries whose ``item_classes`` name scrapy_reliability.DeadLetter: they
     #: receive the dead letters (and no other feed, no pipeline) even when
@@ -307,6 +306,8 @@ class Config:
     #: Store Authorization, Proxy-Authorization and Cookie request headers in the
     #: frontier (scheduling/credentials.py); off unless the project says so.
     store_credentials: bool = False
+    #: Local feed files hold each item once across kills (scheduling/feed_output.py).
+    exactly_once_feeds: bool = True
     #: Set by ``scrapy retrypass``: which dead letters this run re-crawls.
     retry_pass: RetryPass | None = None
     #: When the job's last run finished: True, a new run; False, nothing is crawled
@@ -399,6 +400,7 @@ class Config:
             store_credentials=_bool(
                 settings, "RELIABILITY_STORE_CREDENTIALS", cls.store_credentials
             ),
+            exactly_once_feeds=_bool(settings, "RELIABILITY_EXACTLY_ONCE_FEEDS", True),
             retry_pass=RetryPass.from_setting(settings.get("RELIABILITY_RETRY_PASS")),
             restart_finished=(
                 None

@@ -248,21 +248,24 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     cells = {(r["point"], r["backend"]): r for r in rows}
     write = terminalreporter.write_line
     terminalreporter.section("crash-point matrix: SIGKILL at the point, then the same command")
-    write(f"{'point':22s} {'sqlite':34s} {'postgres':34s}")
+    write(f"{'point':22s} {'sqlite':44s} {'postgres':44s}")
 
     def cell(r: dict[str, Any] | None) -> str:
         if r is None:
             return "-"
         if not r["ok"]:
             return "FAILED"
-        return f"ok  {r['fetched_before']:3d} before, {r['refetched']} again, {r['dead']} dead"
+        return (
+            f"ok  {r['fetched_before']:3d} before, {r['refetched']} again, {r['dead']} dead, "
+            f"{r.get('feed_items', '-')} once"
+        )
 
     for point in POINTS:
         if not any((point, b) in cells for b in ("sqlite", "postgres")):
             continue  # a point the matrix does not cover (mid_cache_write)
         write(
-            f"{point:22s} {cell(cells.get((point, 'sqlite'))):34s} "
-            f"{cell(cells.get((point, 'postgres'))):34s}"
+            f"{point:22s} {cell(cells.get((point, 'sqlite'))):44s} "
+            f"{cell(cells.get((point, 'postgres'))):44s}"
         )
     ok = sum(1 for r in rows if r["ok"])
     write(f"{ok} of {len(rows)} cells green")

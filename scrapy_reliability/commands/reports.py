@@ -18,6 +18,7 @@ from scrapy_reliability.commands.context import Context, JobGone
 from scrapy_reliability.commands.text import ago, clip, iso, table, when
 from scrapy_reliability.config import Config
 from scrapy_reliability.frontier import adaptive, liveness, steering
+from scrapy_reliability.frontier import feeds as frontier_feeds
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.inspect import DomainInfo, WorkerInfo
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
@@ -44,6 +45,7 @@ def show_status(ctx: Context, args: list[str]) -> None:
     domains = status.domains
     limits, limits_from = ctx.limits(job, spider)
     states = worker_states(inspector.engine, status.workers, ctx.now, ctx.config(spider))
+    feeds = frontier_feeds.positions(inspector.engine, job.id)
     if ctx.opts.json:
         ctx.print_json(
             {
@@ -59,6 +61,10 @@ def show_status(ctx: Context, args: list[str]) -> None:
                 "expired_leases": status.expired_leases,
                 "domains": [asdict(d) for d in domains],
                 "workers": [_worker_json(w, ctx, states[w.id]) for w in status.workers],
+                "feeds": [
+                    {"feed": feed, "items": at.items, "bytes": at.position}
+                    for feed, at in feeds.items()
+                ],
             }
         )
         return
@@ -116,6 +122,14 @@ def show_status(ctx: Context, args: list[str]) -> None:
             )
     else:
         out("Workers: none running")
+    if feeds:
+        out("")
+        out("Feed files of this run, as of their last committed ack (written once):")
+        out(
+            table(
+                ["feed", "items", "bytes"], [[f, at.items, at.position] for f, at in feeds.items()]
+            )
+        )
 
 
 def worker_states(

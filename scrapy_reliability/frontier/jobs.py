@@ -23,6 +23,7 @@ from scrapy_reliability.frontier.schema import (
     PENDING,
     dead_letters,
     domains,
+    feed_positions,
     fingerprints,
     jobs,
     requests,
@@ -173,7 +174,7 @@ def _last_seen(conn: Connection, job_id: int) -> float | None:
 
 
 #: The tables whose rows belong to one run of a job, children first.
-RUN_TABLES = (dead_letters, requests, domains, workers, fingerprints)
+RUN_TABLES = (dead_letters, requests, domains, workers, fingerprints, feed_positions)
 
 
 def old_runs(conn: Connection, name: str, keep: int) -> list[int]:

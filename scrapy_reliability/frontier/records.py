@@ -244,6 +244,9 @@ class WriteBatch:
     #: lost, perhaps after the COMMIT): a transition found already applied was
     #: applied by that earlier attempt, not lost to another worker.
     retried: bool = False
+    #: Local feed files as they stand once this batch's acks commit
+    #: (frontier/feeds.py): "host:path" -> (size, items). Not a change by itself.
+    feed_positions: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(

@@ -257,6 +257,20 @@ domains = Table(
     CheckConstraint("rate_factor > 0 AND rate_factor <= 1", name="rate_factor"),
 )
 
+#: Where each local feed file of a run stands (scrapy_reliability/_feeds.py): its size
+#: and item count as of the last committed ack, written in that ack's transaction. A
+#: resumed run cuts the file back to it, so a page fetched again after a crash does not
+#: write its items twice. ``feed`` is "host:absolute path": each worker has its own file.
+feed_positions = Table(
+    "reliability_feed_positions",
+    metadata,
+    Column("job_id", Integer, ForeignKey("reliability_jobs.id"), primary_key=True),
+    Column("feed", String(1024), primary_key=True),
+    Column("position", BigInteger, nullable=False),
+    Column("items", BigInteger, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
 #: Tombstones: a job that ``scrapy frontier move`` copied to another database. The
 #: source keeps one row per job name, so a crawl, retry pass or operator write on the
 #: old home refuses with a line naming the new one. Not keyed by job id: it outlives

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import Connection, Engine, delete, func, literal, select, update
 
 from scrapy_reliability._crashpoints import crash_point
-from scrapy_reliability.frontier import dialect
+from scrapy_reliability.frontier import dialect, feeds
 from scrapy_reliability.frontier.adaptive import AdaptiveState
 from scrapy_reliability.frontier.domains import DomainRows
 from scrapy_reliability.frontier.hotsql import INSERT_CHUNK, HotSql
@@ -93,6 +93,13 @@ class WritePath:
             policy=policy or Politeness(adaptive=None),
             now=now,
         )
+        if batch.feed_positions:
+            feeds.record(
+                conn,
+                job_id,
+                {k: feeds.FeedPosition(*v) for k, v in batch.feed_positions.items()},
+                now,
+            )
         if batch.clear_dead_letters:
             done = [
                 tr.task_id
@@ -115,7 +122,13 @@ class WritePath:
         nothing for the domains or recrawls to learn): what
         :meth:`HotSql.write_alone` writes in one statement. None otherwise: the
         batch takes :meth:`apply` in a transaction."""
-        if batch.dead_items or batch.refusals or batch.domain_updates or batch.clear_dead_letters:
+        if (
+            batch.dead_items
+            or batch.refusals
+            or batch.domain_updates
+            or batch.clear_dead_letters
+            or batch.feed_positions
+        ):
             return None
         if batch.successes and self._domains.grown(
             job_id, batch.successes, policy or Politeness(adaptive=None)

@@ -81,6 +81,9 @@ def halves(batch: WriteBatch) -> list[WriteBatch]:
             else:
                 part.domain_updates, part.successes = unit
         parts.append(part)
+    # The feed files hold the items of every ack of the batch: their positions commit
+    # with the last part, never before an ack whose items they include.
+    parts[-1].feed_positions = batch.feed_positions
     return parts
 
 

@@ -9,6 +9,7 @@ from scrapy_reliability import _jobs
 from scrapy_reliability._executor import DatabaseThread, the_reactor
 from scrapy_reliability.frontier import clock
 from scrapy_reliability.scheduling.credentials import HeldCredentials
+from scrapy_reliability.scheduling.feed_output import FeedOutput
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -105,6 +106,8 @@ class Context:
         # thread is idle and the lock is free (see DatabaseThread).
         self.inline = False
         self.feed_exporters: list[Any] = []
+        #: The local feeds written exactly once (scheduling/feed_output.py).
+        self.feed_output = FeedOutput(self)
         # Set by Scrapy's close(): no new write, claim or heartbeat starts.
         self.closing = False
 

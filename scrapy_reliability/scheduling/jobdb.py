@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +28,10 @@ from scrapy_reliability.frontier import (
     liveness,
     tombstone,
 )
+from scrapy_reliability.frontier import feeds as frontier_feeds
 from scrapy_reliability.frontier.adoption import is_adopted
 from scrapy_reliability.frontier.dialect import redact, scrub
+from scrapy_reliability.frontier.feeds import FeedPosition
 from scrapy_reliability.frontier.learned import LearnedRules
 from scrapy_reliability.frontier.store import SQLAlchemyError
 from scrapy_reliability.scheduling.batches import one_line, units
@@ -61,6 +63,9 @@ class Opened:
     adoption: Adoption | None = None
     #: PostgreSQL: this worker's session lock (``frontier/liveness.py``).
     session_lock: liveness.SessionLock | None = None
+    #: Local feed files: committed position, and whether an earlier attempt of this
+    #: run recorded it (``frontier/feeds.py``).
+    feeds: dict[str, tuple[FeedPosition, bool]] = field(default_factory=dict)
 
 
 @dataclass
@@ -131,6 +136,7 @@ def open_job(
     worker: Worker,
     callbacks: list[str],
     stock: StockJobdir | None = None,
+    feeds: Mapping[str, FeedPosition] | None = None,
 ) -> Opened | JobFinished:
     """Connect, adopt ``stock`` (Scrapy's own state in JOBDIR) into a new job, open
     the job, register this worker, recover dead workers' leases."""
@@ -187,6 +193,9 @@ def open_job(
         recovered += frontier.expire(job.id)
         counts = frontier.counts(job.id) if job.resumed else {}
         peers = frontier.live_callbacks(job.id, me=worker.id, alive_within=config.lease_seconds)
+        feed_positions = frontier_feeds.open_feeds(
+            frontier.engine, job.id, feeds or {}, clock.now()
+        )
     except SQLAlchemyError as exc:
         _close(session_lock, frontier)
         # E.g. a full disk: the database opened but cannot be written.
@@ -200,7 +209,9 @@ def open_job(
         raise
     if reopened is not None:
         counts["reopened"] = reopened
-    return Opened(frontier, job, recovered, counts, peers, pruned, adoption, session_lock)
+    return Opened(
+        frontier, job, recovered, counts, peers, pruned, adoption, session_lock, feed_positions
+    )
 
 
 def _close(session_lock: liveness.SessionLock | None, frontier: Frontier) -> None:

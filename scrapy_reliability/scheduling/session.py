@@ -79,6 +79,7 @@ class Session:
         name = _jobs.job_name(ctx.config, settings, spider.name)
         _feeds.repair_line_feeds(settings.getdict("FEEDS"))
         ctx.feed_exporters = _feeds.feed_exporters(ctx.crawler)
+        feeds = ctx.feed_output.prepare()
         stock = self._stock_jobdir(spider)
         d = ctx.db.deferred(
             jobdb.open_job,
@@ -91,6 +92,7 @@ class Session:
             worker=jobdb.Worker(ctx.worker_id, ctx.hostname, ctx.pid),
             callbacks=jobdb.callback_names(spider),
             stock=stock,
+            feeds=feeds,
         )
         if stock is not None:
             d.addCallback(self._adopted)
@@ -164,6 +166,7 @@ class Session:
             GC_FREEZE.enter()
             self._frozen = True
         job, recovered, counts = opened.job, opened.recovered, opened.counts
+        ctx.feed_output.opened(opened.feeds)
         ctx.frontier = opened.frontier
         ctx.session_lock = opened.session_lock
         self.outcomes.peers.update(opened.peers)

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy import Request
 
-from scrapy_reliability import _feeds
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import (
     ClaimResult,
@@ -260,9 +259,8 @@ class WritePipeline:
                 claim or claims.wanted or self._calls_for_claim(self.batch)
             ) and claims.in_flight is None
             claims.wanted = False
-            # Items already written to feeds reach the file before their requests' acks.
-            _feeds.flush_feeds(ctx.feed_exporters)
             batch, self.batch = self.batch, WriteBatch()
+            ctx.feed_output.settle(batch)  # items in the feeds before their pages' acks
             batch.clear_dead_letters = ctx.retry_pass is not None
             requests, self.requests = self.requests, {}
 
@@ -491,6 +489,7 @@ class WritePipeline:
         """What is left to write at close, in order (nothing if the database is
         failing: what was not written is fetched again; nothing acked is lost)."""
         batch, self.batch = self.batch, WriteBatch()
+        self.ctx.feed_output.settle(batch)
         batch.clear_dead_letters = self.ctx.retry_pass is not None
         self.requests = {}
         batches = [part for part, _ in self.split] + [batch]

@@ -1,0 +1,175 @@
+"""Local feed files written exactly once, however often the crawl is killed.
+
+Scrapy's FeedExporter writes an item the moment it leaves the item pipelines; a page
+whose ack had not committed when the process died is fetched again and its items are
+written again, and ``-O`` empties a file the resumed run should continue. For each
+local feed that can be resumed (``_feeds.exact_feeds``), this part:
+
+* holds a page's items until the write that acks the page, then hands them to the
+  exporter in the order they were scraped, flushes the file and puts the file's size
+  and item count into that write (``WriteBatch.feed_positions``): one transaction
+  records the ack and the position, so a file never holds more than what committed
+  plus the items of acks in flight;
+* at a resume, cuts each file back to its committed position and continues it
+  (``_feeds.resume_slot``): no JSON array opened twice, no second CSV header;
+* makes ``overwrite`` (``-O``) mean "empty the file at the start of a new run",
+  never at a resume.
+
+``RELIABILITY_EXACTLY_ONCE_FEEDS = False`` turns it off (items are written when
+scraped, at least once). See docs/output.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+
+from scrapy_reliability import _feeds
+from scrapy_reliability.frontier.feeds import FeedPosition
+from scrapy_reliability.frontier.records import Outcome, WriteBatch
+from scrapy_reliability.scheduling.meta import TASK_META
+
+if TYPE_CHECKING:
+    from scrapy_reliability.scheduling.context import Context
+
+logger = logging.getLogger(__name__)
+
+#: Outcomes after which the page is not fetched again: its items are written.
+_FINAL = frozenset({Outcome.DONE, Outcome.IGNORED, Outcome.DEAD})
+
+
+class FeedOutput:
+    """The crawl's exactly-once local feeds (none until :meth:`prepare`)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.feeds: list[_feeds.ExactFeed] = []
+        #: Items of pages not yet acked, by frontier row, in the order scraped.
+        self._held: dict[int, list[Any]] = {}
+        #: FEEDS keys whose slot continues a file of this run (items written before).
+        self._resume: dict[str, int] = {}
+        self._exporters: list[Any] = []
+        #: The last position put into a write, by feed: unchanged ones are not written.
+        self._sent: dict[str, tuple[int, int]] = {}
+
+    # -- start --------------------------------------------------------------------------------
+
+    def prepare(self) -> dict[str, FeedPosition]:
+        """(At open, before the job.) Find the feeds written once; returns where each
+        starts if this run has not seen it: 0 for an overwrite, else the file's size."""
+        ctx = self.ctx
+        if not ctx.config.exactly_once_feeds or not ctx.feed_exporters:
+            return {}
+        self.feeds, other = _feeds.exact_feeds(ctx.feed_exporters, ctx.hostname)
+        for uri, why in other.items():
+            logger.info(
+                "Feed %(uri)s is written at least once, not exactly once: %(why)s",
+                {"uri": uri, "why": why},
+                extra=ctx.log(),
+            )
+        starts: dict[str, FeedPosition] = {}
+        for feed in self.feeds:
+            # The storage opens the file for appending: this part empties it, at a
+            # new run only.
+            feed.exporter.feeds[feed.uri]["overwrite"] = False
+            size = feed.path.stat().st_size if feed.path.is_file() else 0
+            starts[feed.key] = FeedPosition(0 if feed.overwrite else size, 0)
+        return starts
+
+    def opened(self, positions: Mapping[str, tuple[FeedPosition, bool]]) -> None:
+        """(The job is open, the feeds not yet.) Cut each file back to its committed
+        position and take the items Scrapy's signal would hand the exporters."""
+        ctx = self.ctx
+        for feed in self.feeds:
+            known = positions.get(feed.key)
+            if known is None:
+                continue
+            (position, items), earlier = known
+            self._cut(feed, position, items, earlier)
+        self._exporters = list({id(f.exporter): f.exporter for f in self.feeds}.values())
+        if not self._exporters:
+            return
+        for exporter in self._exporters:
+            ctx.crawler.signals.disconnect(exporter.item_scraped, signal=signals.item_scraped)
+        ctx.crawler.signals.connect(self.item_scraped, signal=signals.item_scraped)
+        ctx.crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+        ctx.stats.set_value("reliability/feeds/exactly_once", len(self.feeds))
+
+    def _cut(self, feed: _feeds.ExactFeed, position: int, items: int, earlier: bool) -> None:
+        size = feed.path.stat().st_size if feed.path.is_file() else 0
+        if size < position:
+            logger.warning(
+                "Feed %(path)s holds %(size)d bytes, less than the %(position)d this run "
+                "committed to it: it was changed outside the crawl. It is continued as a "
+                "new file; items of pages acked before are not written again.",
+                {"path": feed.path, "size": size, "position": position},
+                extra=self.ctx.log(),
+            )
+            return
+        if size > position:
+            with feed.path.open("rb+") as fh:
+                fh.truncate(position)
+            if earlier:
+                logger.info(
+                    "Feed %(path)s: cut back to its last committed ack (%(items)d items, "
+                    "%(position)d bytes); the %(cut)d bytes after it held items of pages "
+                    "that are fetched again",
+                    {
+                        "path": feed.path,
+                        "items": items,
+                        "position": position,
+                        "cut": size - position,
+                    },
+                    extra=self.ctx.log(),
+                )
+                self.ctx.stats.inc_value("reliability/feeds/cut_bytes", size - position)
+        if earlier and items:
+            self._resume[feed.uri] = items
+
+    def _spider_opened(self, spider: Any) -> None:
+        """(After FeedExporter opened its slots.) Continue the files of this run."""
+        for feed in self.feeds:
+            items = self._resume.get(feed.uri)
+            slot = _feeds.exact_slot(feed)
+            if items and slot is not None:
+                _feeds.resume_slot(slot, items)
+
+    # -- items --------------------------------------------------------------------------------
+
+    def item_scraped(self, item: Any, response: Any, spider: Any) -> None:
+        """Hold an item of a leased page until its ack; write any other at once."""
+        request = getattr(response, "request", None)
+        task = None if request is None else request.meta.get(TASK_META)
+        if isinstance(task, int):
+            self._held.setdefault(task, []).append(item)
+            return
+        self._export(item)
+
+    def _export(self, item: Any) -> None:
+        spider = self.ctx.spider
+        for exporter in self._exporters:
+            exporter.item_scraped(item, spider)
+
+    def settle(self, batch: WriteBatch) -> None:
+        """(Just before ``batch`` is written.) Write the items of the pages it settles
+        for good, flush the feeds and record where they now stand; drop those of
+        pages it sends back to pending (fetched again, their items with them)."""
+        if self._held:
+            for tr in batch.transitions:
+                items = self._held.pop(tr.task_id, None)
+                if items and tr.outcome in _FINAL:
+                    for item in items:
+                        self._export(item)
+        _feeds.flush_feeds(self.ctx.feed_exporters)
+        for feed in self.feeds:
+            slot = _feeds.exact_slot(feed)
+            at = None if slot is None else _feeds.slot_position(slot)
+            if at is not None and self._sent.get(feed.key) != at:
+                batch.feed_positions[feed.key] = self._sent[feed.key] = at
+
+    def held(self) -> int:
+        """Items waiting for their page's ack."""
+        return sum(len(items) for items in self._held.values())

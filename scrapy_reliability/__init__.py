@@ -6,8 +6,9 @@ The public API is what a project names in its settings::
 
 plus :class:`Scheduler` and :class:`DupeFilter` for projects that configure
 components by hand, and :class:`CanonicalFingerprinter` (the add-on's default
-``REQUEST_FINGERPRINTER_CLASS``), and :class:`HttpCacheStorage` /
-:class:`HttpCachePolicy` for Scrapy's ``HTTPCACHE_STORAGE`` / ``HTTPCACHE_POLICY``.
+``REQUEST_FINGERPRINTER_CLASS``), :class:`HttpCacheStorage` /
+:class:`HttpCachePolicy` for Scrapy's ``HTTPCACHE_STORAGE`` / ``HTTPCACHE_POLICY``, and
+:func:`item_key` for pipelines that upsert (docs/output.md).
 Everything else is private.
 """
 
@@ -27,6 +28,7 @@ __all__ = [
     "RetryMiddleware",
     "Scheduler",
     "__version__",
+    "item_key",
 ]
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from scrapy_reliability.dupefilter import DupeFilter
     from scrapy_reliability.fingerprint import CanonicalFingerprinter
     from scrapy_reliability.httpcache import HttpCachePolicy, HttpCacheStorage
+    from scrapy_reliability.item_keys import item_key
     from scrapy_reliability.items import DeadLetter
     from scrapy_reliability.middlewares import RetryMiddleware
     from scrapy_reliability.scheduler import Scheduler
@@ -47,6 +50,7 @@ _LAZY = {
     "HttpCacheStorage": "scrapy_reliability.httpcache",
     "RetryMiddleware": "scrapy_reliability.middlewares",
     "Scheduler": "scrapy_reliability.scheduler",
+    "item_key": "scrapy_reliability.item_keys",
 }
 
 

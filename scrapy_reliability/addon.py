@@ -8,6 +8,7 @@ from scrapy.settings import BaseSettings
 
 from scrapy_reliability import _startup
 from scrapy_reliability.fingerprint import PUBLIC_NAME
+from scrapy_reliability.item_keys import ItemKeyMiddleware
 from scrapy_reliability.middlewares import RetryMiddleware
 from scrapy_reliability.monitoring import CrawlMonitor, install_json_logs
 from scrapy_reliability.scheduling import scrapy_hooks
@@ -66,6 +67,8 @@ class Addon:
         if bool_setting(settings, "RELIABILITY_RETRY_ENABLED", True):
             self._replace_retry_middleware(settings)
         self._enable_monitor(settings)
+        # Last before the engine: numbers the items that reach the pipelines (item_key).
+        settings.set_in_component_priority_dict("SPIDER_MIDDLEWARES", ItemKeyMiddleware, 1)
         self._check_redirects(settings)
         self._watch_browser_downloads(settings)
         self._cache_policy(settings)

@@ -24,6 +24,7 @@ from scrapy_reliability.domain_limits import LimitsOrigin, _politeness, limits_t
 from scrapy_reliability.frontier.pgsession import SessionLimits
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.recrawl import RecrawlRules
+from scrapy_reliability.output_config import OutputConfig
 from scrapy_reliability.recrawl import rules_from_settings
 from scrapy_reliability.settings_values import (
     MAX_AGE_SECONDS,
@@ -299,15 +300,14 @@ class Config:
     #: Send each dead letter through the item pipelines as a DeadLetter item (and so to
     #: every feed whose item_classes accept it). Off unless the project says so.
     dead_letter_items: bool = False
-    #: FEEDS entries whose ``item_classes`` name scrapy_reliability.DeadLetter: they
-    #: receive the dead letters (and no other feed, no pipeline) even when
-    #: ``dead_letter_items`` is off, since naming the class is the opt-in.
+    #: FEEDS entries whose ``item_classes`` name scrapy_reliability.DeadLetter: they receive
+    #: the dead letters (no other feed, no pipeline) even with ``dead_letter_items`` off.
     dead_letter_feeds: tuple[str, ...] = ()
     #: Store Authorization, Proxy-Authorization and Cookie request headers in the
     #: frontier (scheduling/credentials.py); off unless the project says so.
     store_credentials: bool = False
-    #: Local feed files hold each item once across kills (scheduling/feed_output.py).
-    exactly_once_feeds: bool = True
+    #: Exactly-once local feeds and the item sink (docs/output.md).
+    output: OutputConfig = field(default_factory=OutputConfig)
     #: Set by ``scrapy retrypass``: which dead letters this run re-crawls.
     retry_pass: RetryPass | None = None
     #: When the job's last run finished: True, a new run; False, nothing is crawled
@@ -400,7 +400,7 @@ class Config:
             store_credentials=_bool(
                 settings, "RELIABILITY_STORE_CREDENTIALS", cls.store_credentials
             ),
-            exactly_once_feeds=_bool(settings, "RELIABILITY_EXACTLY_ONCE_FEEDS", True),
+            output=OutputConfig.from_settings(settings),
             retry_pass=RetryPass.from_setting(settings.get("RELIABILITY_RETRY_PASS")),
             restart_finished=(
                 None

@@ -248,7 +248,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     cells = {(r["point"], r["backend"]): r for r in rows}
     write = terminalreporter.write_line
     terminalreporter.section("crash-point matrix: SIGKILL at the point, then the same command")
-    write(f"{'point':22s} {'sqlite':44s} {'postgres':44s}")
+    write(f"{'point':22s} {'sqlite':48s} {'postgres':48s}")
 
     def cell(r: dict[str, Any] | None) -> str:
         if r is None:
@@ -257,15 +257,15 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             return "FAILED"
         return (
             f"ok  {r['fetched_before']:3d} before, {r['refetched']} again, {r['dead']} dead, "
-            f"{r.get('feed_items', '-')} once"
+            f"{r.get('feed_items', '-')}/{r.get('sink_items', '-')} once"
         )
 
     for point in POINTS:
         if not any((point, b) in cells for b in ("sqlite", "postgres")):
             continue  # a point the matrix does not cover (mid_cache_write)
         write(
-            f"{point:22s} {cell(cells.get((point, 'sqlite'))):44s} "
-            f"{cell(cells.get((point, 'postgres'))):44s}"
+            f"{point:22s} {cell(cells.get((point, 'sqlite'))):48s} "
+            f"{cell(cells.get((point, 'postgres'))):48s}"
         )
     ok = sum(1 for r in rows if r["ok"])
     write(f"{ok} of {len(rows)} cells green")

@@ -133,15 +133,17 @@ def refetched(site_log: Path) -> int:
     return sum(n - 1 for n in page_requests(site_log).values())
 
 
-def crawl_with_kills(crawl: Crawl, site_log: Path, kills: int, seed: int) -> list[float]:
-    """Run ``crawl``, SIGKILL it ``kills`` times at random points (each after 150 to
-    550 more page requests), then run it to the end; it must exit 0. Returns the
-    ``time.time()`` of each kill."""
+def crawl_with_kills(
+    crawl: Crawl, site_log: Path, kills: int, seed: int, between: tuple[int, int] = (150, 550)
+) -> list[float]:
+    """Run ``crawl``, SIGKILL it ``kills`` times at random points (each after
+    ``between`` more page requests, 150 to 550 by default), then run it to the end; it
+    must exit 0. Returns the ``time.time()`` of each kill."""
     rng = random.Random(seed)
     fetched = count_lines(site_log)
     killed_at: list[float] = []
     for _ in range(kills):
-        fetched += rng.randint(150, 550)
+        fetched += rng.randint(*between)
         proc = crawl.start()
         code = signal_when(proc, site_log, fetched, sent=killed_at)
         assert code == -signal.SIGKILL
@@ -184,3 +186,19 @@ def wait_until_quiet(
         if n != last:
             last, since = n, time.monotonic()
         time.sleep(0.1)
+
+
+def sink_pages(url: str, table: str) -> list[tuple[str, int]]:
+    """(host, page) of each item in the built-in SQL sink ``table`` (RELIABILITY_ITEMS_TABLE)."""
+    from sqlalchemy import create_engine, select
+
+    from scrapy_reliability.frontier.item_sink import sink_table
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(select(sink_table(table).c.item)).scalars().all()
+    finally:
+        engine.dispose()
+    items = [json.loads(row) for row in rows]
+    return [(str(i["host"]), int(str(i["page"]))) for i in items]

@@ -31,7 +31,14 @@ from sqlalchemy import create_engine, func, select
 from scrapy_reliability._crashpoints import ENV, POINTS
 from scrapy_reliability.frontier import schema
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess, page_fault
-from tests.crawling import Crawl, item_pages, make_project, reachable_pages, read_jsonl
+from tests.crawling import (
+    Crawl,
+    item_pages,
+    make_project,
+    reachable_pages,
+    read_jsonl,
+    sink_pages,
+)
 
 pytestmark = [pytest.mark.crashmatrix, pytest.mark.slow]
 
@@ -165,6 +172,7 @@ def test_kill_at_the_point_then_resume(
         f"RELIABILITY_DATABASE_URL={url}",
         "FEEDS=" + json.dumps(feeds),
         f"CONCURRENT_REQUESTS={IN_FLIGHT}",
+        "RELIABILITY_ITEMS_TABLE=items_sink",
         "RELIABILITY_HEARTBEAT_SECONDS=0.5",
         "RELIABILITY_BACKOFF_BASE_SECONDS=0.1",
         "RELIABILITY_BACKOFF_MAX_SECONDS=0.5",
@@ -235,6 +243,10 @@ def _check(
     twice = len(feed) - len(set(feed))
     assert not expected - set(feed), f"{len(expected - set(feed))} items missing from the feed"
     assert twice == 0, f"{twice} items written twice to the feed"
+    # The built-in SQL sink: the same, stored in the ack's transaction.
+    sink = sink_pages(url, "items_sink")
+    assert not expected - set(sink), f"{len(expected - set(sink))} items missing from the sink"
+    assert len(sink) == len(set(sink)), f"{len(sink) - len(set(sink))} items twice in the sink"
 
     # Each dead letter once: one row per refused page reached, in the feed too.
     reached_refused = {
@@ -288,6 +300,7 @@ def _check(
         "early_cut_off_by_the_kill": early - late_early,
         "items": len(got),
         "feed_items": len(feed),
+        "sink_items": len(sink),
         "dead": len(dead_rows),
         "refetched": refetched,
         "early": early,

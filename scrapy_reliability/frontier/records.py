@@ -204,6 +204,16 @@ class DeadItem:
     item: str
 
 
+class SinkItem(NamedTuple):
+    """An item for the built-in sink (``frontier/item_sink.py``): its page's row, its
+    index among the page's items, the page's URL and the item as JSON."""
+
+    request_id: int
+    idx: int
+    url: str
+    item: str
+
+
 @dataclass(frozen=True)
 class Refusal:
     """A request that cannot be stored or processed as it is, kept on the record:
@@ -247,6 +257,10 @@ class WriteBatch:
     #: Local feed files as they stand once this batch's acks commit
     #: (frontier/feeds.py): "host:path" -> (size, items). Not a change by itself.
     feed_positions: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Items for the sink table ``items_table`` (RELIABILITY_ITEMS_TABLE), stored with
+    #: the acks of their pages; not a change by itself.
+    items: list[SinkItem] = field(default_factory=list)
+    items_table: str | None = None
 
     def __bool__(self) -> bool:
         return bool(

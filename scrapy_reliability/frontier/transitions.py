@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import Connection, Engine, delete, func, literal, select, update
 
 from scrapy_reliability._crashpoints import crash_point
-from scrapy_reliability.frontier import dialect, feeds
+from scrapy_reliability.frontier import dialect, feeds, item_sink
 from scrapy_reliability.frontier.adaptive import AdaptiveState
 from scrapy_reliability.frontier.domains import DomainRows
 from scrapy_reliability.frontier.hotsql import INSERT_CHUNK, HotSql
@@ -93,6 +93,11 @@ class WritePath:
             policy=policy or Politeness(adaptive=None),
             now=now,
         )
+        if batch.items and batch.items_table:
+            # Only with an ack that landed: a lost lease's page is another worker's.
+            kept = [i for i in batch.items if i.request_id not in lost_ids]
+            if kept:
+                item_sink.insert(conn, batch.items_table, job_id, kept, now)
         if batch.feed_positions:
             feeds.record(
                 conn,
@@ -128,6 +133,7 @@ class WritePath:
             or batch.domain_updates
             or batch.clear_dead_letters
             or batch.feed_positions
+            or batch.items
         ):
             return None
         if batch.successes and self._domains.grown(

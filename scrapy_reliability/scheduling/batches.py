@@ -84,6 +84,13 @@ def halves(batch: WriteBatch) -> list[WriteBatch]:
     # The feed files hold the items of every ack of the batch: their positions commit
     # with the last part, never before an ack whose items they include.
     parts[-1].feed_positions = batch.feed_positions
+    # Sink items go with their page's ack (the last part when it is in neither).
+    if batch.items:
+        first = {tr.task_id for tr in parts[0].transitions}
+        for item in batch.items:
+            part = parts[0] if item.request_id in first else parts[-1]
+            part.items.append(item)
+            part.items_table = batch.items_table
     return parts
 
 

@@ -26,7 +26,7 @@ from scrapy_reliability.scheduling import engine, frontier_calls
 from scrapy_reliability.scheduling.batches import WRITE_RETRY_SECONDS
 from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
-from scrapy_reliability.scheduling.meta import ATTEMPTS_META, RECRAWL_META, TASK_META
+from scrapy_reliability.scheduling.meta import ATTEMPTS_META, ITEMS_META, RECRAWL_META, TASK_META
 from scrapy_reliability.scheduling.storage import StorageHealth
 from scrapy_reliability.scheduling.writes import WritePipeline
 from scrapy_reliability.serialization import CorruptPayload, MissingCallback, payload_to_request
@@ -268,6 +268,7 @@ class ClaimBuffer:
             return False
         request.meta[TASK_META] = row.id
         request.meta[ATTEMPTS_META] = row.attempts
+        request.meta.pop(ITEMS_META, None)  # a parent's count, from a copied meta
         if row.recrawl in (DUE, PARSE):
             request.meta[RECRAWL_META] = {
                 "why": row.recrawl,

@@ -16,20 +16,26 @@ local feed that can be resumed (``_feeds.exact_feeds``), this part:
   never at a resume.
 
 ``RELIABILITY_EXACTLY_ONCE_FEEDS = False`` turns it off (items are written when
-scraped, at least once). See docs/output.md.
+scraped, at least once). With ``RELIABILITY_ITEMS_TABLE``, the held items also go into
+that write as rows of the sink table (``frontier/item_sink.py``): stored if and only
+if the ack commits. See docs/output.md.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
+from itemadapter import ItemAdapter
 from scrapy import signals
+from scrapy.utils.serialize import ScrapyJSONEncoder
 
-from scrapy_reliability import _feeds
+from scrapy_reliability import _feeds, item_keys
 from scrapy_reliability.frontier.feeds import FeedPosition
-from scrapy_reliability.frontier.records import Outcome, WriteBatch
+from scrapy_reliability.frontier.records import DeadItem, Outcome, SinkItem, WriteBatch
 from scrapy_reliability.scheduling.meta import TASK_META
 
 if TYPE_CHECKING:
@@ -39,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 #: Outcomes after which the page is not fetched again: its items are written.
 _FINAL = frozenset({Outcome.DONE, Outcome.IGNORED, Outcome.DEAD})
+#: Sink index of an item without a key of its page: apart from the keyed ones.
+_UNKEYED = 1_000_000
 
 
 class FeedOutput:
@@ -47,8 +55,13 @@ class FeedOutput:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.feeds: list[_feeds.ExactFeed] = []
-        #: Items of pages not yet acked, by frontier row, in the order scraped.
-        self._held: dict[int, list[Any]] = {}
+        #: Items of pages not yet acked, by frontier row, in the order scraped, with
+        #: the URL of the page.
+        self._held: dict[int, list[tuple[Any, str]]] = {}
+        #: RELIABILITY_ITEMS_TABLE: the sink's table (None: no sink).
+        self.sink: str | None = ctx.config.output.items_table
+        #: Whether items are held until their page's ack (feeds or a sink).
+        self.holding = False
         #: FEEDS keys whose slot continues a file of this run (items written before).
         self._resume: dict[str, int] = {}
         self._exporters: list[Any] = []
@@ -61,7 +74,7 @@ class FeedOutput:
         """(At open, before the job.) Find the feeds written once; returns where each
         starts if this run has not seen it: 0 for an overwrite, else the file's size."""
         ctx = self.ctx
-        if not ctx.config.exactly_once_feeds or not ctx.feed_exporters:
+        if not ctx.config.output.exactly_once_feeds or not ctx.feed_exporters:
             return {}
         self.feeds, other = _feeds.exact_feeds(ctx.feed_exporters, ctx.hostname)
         for uri, why in other.items():
@@ -90,13 +103,15 @@ class FeedOutput:
             (position, items), earlier = known
             self._cut(feed, position, items, earlier)
         self._exporters = list({id(f.exporter): f.exporter for f in self.feeds}.values())
-        if not self._exporters:
+        self.holding = bool(self._exporters or self.sink)
+        if not self.holding:
             return
         for exporter in self._exporters:
             ctx.crawler.signals.disconnect(exporter.item_scraped, signal=signals.item_scraped)
         ctx.crawler.signals.connect(self.item_scraped, signal=signals.item_scraped)
-        ctx.crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
-        ctx.stats.set_value("reliability/feeds/exactly_once", len(self.feeds))
+        if self._exporters:
+            ctx.crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+            ctx.stats.set_value("reliability/feeds/exactly_once", len(self.feeds))
 
     def _cut(self, feed: _feeds.ExactFeed, position: int, items: int, earlier: bool) -> None:
         size = feed.path.stat().st_size if feed.path.is_file() else 0
@@ -143,8 +158,8 @@ class FeedOutput:
         """Hold an item of a leased page until its ack; write any other at once."""
         request = getattr(response, "request", None)
         task = None if request is None else request.meta.get(TASK_META)
-        if isinstance(task, int):
-            self._held.setdefault(task, []).append(item)
+        if request is not None and isinstance(task, int):
+            self._held.setdefault(task, []).append((item, request.url))
             return
         self._export(item)
 
@@ -161,14 +176,48 @@ class FeedOutput:
             for tr in batch.transitions:
                 items = self._held.pop(tr.task_id, None)
                 if items and tr.outcome in _FINAL:
-                    for item in items:
+                    for place, (item, url) in enumerate(items):
                         self._export(item)
+                        if self.sink is not None:
+                            self._to_sink(batch, tr.task_id, place, item, url)
+        for tr in batch.transitions:
+            item_keys.forget(tr.task_id)
         _feeds.flush_feeds(self.ctx.feed_exporters)
         for feed in self.feeds:
             slot = _feeds.exact_slot(feed)
             at = None if slot is None else _feeds.slot_position(slot)
             if at is not None and self._sent.get(feed.key) != at:
                 batch.feed_positions[feed.key] = self._sent[feed.key] = at
+
+    def _to_sink(self, batch: WriteBatch, task: int, place: int, item: Any, url: str) -> None:
+        """Add ``item`` to ``batch`` as a row of the sink; one that cannot be stored as
+        JSON costs that item only: a dead letter of kind ``item``."""
+        parts = item_keys.key_parts(item)
+        # Its place in the callback's output; else (a pipeline returned another object)
+        # its place among the page's items as they left the pipelines, kept apart.
+        index = parts[1] if parts is not None and parts[0] == task else _UNKEYED + place
+        try:
+            stored = json.dumps(ItemAdapter(item).asdict(), cls=ScrapyJSONEncoder)
+        except (TypeError, ValueError) as exc:
+            logger.error(
+                "Cannot store an item of %(url)s in %(table)s (%(error)s); it is kept as a "
+                "dead letter of kind item",
+                {"url": url, "table": self.sink, "error": exc},
+                extra=self.ctx.log(),
+            )
+            batch.dead_items.append(
+                DeadItem(
+                    task,
+                    url,
+                    urlparse(url).hostname or "",
+                    f"{type(exc).__name__}: {exc}",
+                    json.dumps({"repr": repr(item)[:4000]}),
+                )
+            )
+            self.ctx.stats.inc_value("reliability/dead/item")
+            return
+        batch.items.append(SinkItem(task, index, url, stored))
+        batch.items_table = self.sink
 
     def held(self) -> int:
         """Items waiting for their page's ack."""

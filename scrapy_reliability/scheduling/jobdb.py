@@ -25,6 +25,7 @@ from scrapy_reliability.frontier import (
     WriteBatch,
     WriteResult,
     clock,
+    item_sink,
     liveness,
     tombstone,
 )
@@ -193,6 +194,8 @@ def open_job(
         recovered += frontier.expire(job.id)
         counts = frontier.counts(job.id) if job.resumed else {}
         peers = frontier.live_callbacks(job.id, me=worker.id, alive_within=config.lease_seconds)
+        if config.output.items_table is not None:
+            item_sink.ensure(frontier.engine, config.output.items_table)
         feed_positions = frontier_feeds.open_feeds(
             frontier.engine, job.id, feeds or {}, clock.now()
         )

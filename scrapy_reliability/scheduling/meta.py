@@ -31,6 +31,9 @@ CONTENT_META = "reliability_content_hash"
 #: The HTTP cache revalidated the stored response (a 304) for this request.
 REVALIDATED_META = "reliability_revalidated"
 
+#: Items the callback yielded so far on this fetch (scrapy_reliability/item_keys.py).
+ITEMS_META = "reliability_items"
+
 #: Meta keys that describe one fetch of a request, not the request: never stored.
 TRANSIENT_META = frozenset(
     {
@@ -41,6 +44,7 @@ TRANSIENT_META = frozenset(
         RECRAWL_META,
         CONTENT_META,
         REVALIDATED_META,
+        ITEMS_META,
         "download_latency",
         "_slot_proxy",
         # Scrapy's HTTP cache middleware: a Response object and a time of this fetch.

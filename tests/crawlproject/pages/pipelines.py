@@ -7,21 +7,25 @@ from typing import Any
 
 from itemadapter import ItemAdapter
 
+from scrapy_reliability import item_key
 from scrapy_reliability._crashpoints import crash_point
 
 
 class ItemsToFile:
     """Also raises on items of the pages in ITEM_FAIL_PAGES (a test of item dead letters)."""
 
-    def __init__(self, path: str | None, fail_pages: set[int]):
+    def __init__(self, path: str | None, fail_pages: set[int], keys: bool = False):
         self.path = path
         self.fail_pages = fail_pages
         self.fh: Any = None
+        #: ITEMS_WITH_KEYS: each line also holds scrapy_reliability.item_key(item).
+        self.keys = keys
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ItemsToFile:
         fail = {int(p) for p in crawler.settings.getlist("ITEM_FAIL_PAGES")}
-        return cls(crawler.settings.get("ITEMS_PATH"), fail)
+        keys = crawler.settings.getbool("ITEMS_WITH_KEYS")
+        return cls(crawler.settings.get("ITEMS_PATH"), fail, keys)
 
     def open_spider(self, spider: Any = None) -> None:
         if self.path:
@@ -38,6 +42,9 @@ class ItemsToFile:
         if adapter.get("page") in self.fail_pages:
             raise ValueError(f"refusing page {adapter.get('page')}")
         if self.fh:
-            self.fh.write(json.dumps(adapter.asdict()) + "\n")
+            line = adapter.asdict()
+            if self.keys:
+                line["key"] = item_key(item)
+            self.fh.write(json.dumps(line) + "\n")
         crash_point("mid_pipeline")
         return item

@@ -1,6 +1,7 @@
-"""Exactly-once local feeds (issue 32, invariant 13): SIGKILL a real crawl at random
-points, run the same command again, and every feed holds each page's item once, no
-more, no less, in a file that is valid in its format.
+"""Exactly-once output (issue 32, invariant 13): SIGKILL a real crawl at random points,
+run the same command again, and every local feed and the built-in SQL sink hold each
+page's item once, no more, no less, each feed in a file valid in its format; a
+project's own pipeline sees an item again only with the same item_key.
 
 Without scheduling/feed_output.py the jsonlines feed gets the items of every page in
 flight at a kill twice, ``-O`` empties the file at each resume (the pages done before
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -19,7 +21,14 @@ from pathlib import Path
 import pytest
 
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
-from tests.crawling import Crawl, crawl_with_kills, make_project
+from tests.crawling import (
+    Crawl,
+    crawl_with_kills,
+    make_project,
+    read_jsonl,
+    signal_when,
+    sink_pages,
+)
 from tests.test_cli import as_json, frontier_cmd
 
 pytestmark = pytest.mark.crawl
@@ -60,8 +69,10 @@ def read_feed(path: Path, fmt: str) -> list[tuple[str, int]]:
     return [(str(r["host"]), int(str(r["page"]))) for r in rows]
 
 
-def check_feeds(tmp_path: Path, site: SiteProcess) -> dict[str, tuple[int, int, int]]:
-    expected = {(host, i) for host in site.hosts for i in range(PAGES)}
+def check_feeds(
+    tmp_path: Path, site: SiteProcess, pages: int = PAGES
+) -> dict[str, tuple[int, int, int]]:
+    expected = {(host, i) for host in site.hosts for i in range(pages)}
     found: dict[str, tuple[int, int, int]] = {}
     for path, options in _feeds(tmp_path).items():
         items = read_feed(Path(path), str(options["format"]))
@@ -77,17 +88,38 @@ def test_every_feed_holds_each_item_once_after_kills(
     tmp_path: Path, site: SiteProcess, backend: str, request: pytest.FixtureRequest
 ) -> None:
     project = make_project(tmp_path)
-    settings = ["FEEDS=" + json.dumps(_feeds(tmp_path)), "ITEM_PIPELINES={}"]
+    pipeline = tmp_path / "pipeline.jsonl"  # the project's own pipeline: at least once
+    settings = [
+        "FEEDS=" + json.dumps(_feeds(tmp_path)),
+        f"ITEMS_PATH={pipeline}",
+        "ITEMS_WITH_KEYS=True",
+        "RELIABILITY_ITEMS_TABLE=scraped",
+    ]
     if backend == "postgres":
-        settings.append(f"RELIABILITY_DATABASE_URL={request.getfixturevalue('postgres_url')}")
+        url = str(request.getfixturevalue("postgres_url"))
+        settings.append(f"RELIABILITY_DATABASE_URL={url}")
     else:
         settings.append(f"JOBDIR={tmp_path / 'job'}")
+        url = f"sqlite:///{tmp_path / 'job' / 'reliability.sqlite'}"
     crawl = Crawl(project, site.start_urls(), *settings)
     crawl_with_kills(crawl, site.log_path, kills=3, seed=32)
     found = check_feeds(tmp_path, site)
-    print(f"{backend}, 3 kills: (items, missing, twice) per feed: {found}")
+    sink = Counter(sink_pages(url, "scraped"))
+    print(f"{backend}, 3 kills: (items, missing, twice) per feed: {found}; sink {len(sink)}")
     for name, (_, missing, twice) in found.items():
         assert (missing, twice) == (0, 0), (name, found[name])
+    every = PAGES * len(site.hosts)
+    assert (len(sink), sum(sink.values())) == (every, every), "the sink lost or doubled items"
+    # The pipeline saw some pages twice (their acks were lost with a kill), each time
+    # with the same key; no two pages share one.
+    keys: dict[tuple[str, int], set[str]] = {}
+    for line in read_jsonl(pipeline):
+        keys.setdefault((str(line["host"]), int(line["page"])), set()).add(str(line["key"]))
+    assert len(keys) == every
+    assert all(len(k) == 1 for k in keys.values()), [k for k in keys.values() if len(k) > 1][:3]
+    assert len({k for ks in keys.values() for k in ks}) == every
+    seen_twice = sum(1 for line in read_jsonl(pipeline)) - every
+    assert seen_twice > 0, "no page was fetched twice: the kills proved nothing"
     # `scrapy frontier status` shows each file's committed items (all of them now).
     where = (
         {"RELIABILITY_DATABASE_URL": request.getfixturevalue("postgres_url")}
@@ -100,6 +132,37 @@ def test_every_feed_holds_each_item_once_after_kills(
     assert {Path(f["feed"].split(":", 1)[1]) for f in shown["feeds"]} == {
         Path(p) for p in _feeds(tmp_path)
     }
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_twenty_random_kills(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
+    """Acceptance: 20 SIGKILLs at random points of a 3-host crawl, then the same command
+    to the end: every feed (jsonlines, json, csv, xml, -O) and the sink hold each item
+    once."""
+    pages = 1500
+    with SiteProcess(SiteConfig(pages=pages), log_path=tmp_path / "site.jsonl") as site:
+        project = make_project(tmp_path)
+        settings = [
+            "FEEDS=" + json.dumps(_feeds(tmp_path)),
+            "ITEM_PIPELINES={}",
+            "RELIABILITY_ITEMS_TABLE=scraped",
+        ]
+        if backend == "postgres":
+            url = str(request.getfixturevalue("postgres_url"))
+            settings.append(f"RELIABILITY_DATABASE_URL={url}")
+        else:
+            settings.append(f"JOBDIR={tmp_path / 'job'}")
+            url = f"sqlite:///{tmp_path / 'job' / 'reliability.sqlite'}"
+        crawl = Crawl(project, site.start_urls(), *settings)
+        crawl_with_kills(crawl, site.log_path, kills=20, seed=20, between=(60, 160))
+        found = check_feeds(tmp_path, site, pages)
+        sink = Counter(sink_pages(url, "scraped"))
+    print(f"{backend}, 20 kills: (items, missing, twice) per feed: {found}; sink {len(sink)}")
+    for name, (_, missing, twice) in found.items():
+        assert (missing, twice) == (0, 0), (name, found[name])
+    every = pages * len(site.hosts)
+    assert (len(sink), sum(sink.values())) == (every, every)
 
 
 def test_overwrite_empties_at_a_new_run_and_never_at_a_resume(
@@ -147,3 +210,46 @@ def test_off_writes_items_when_scraped(tmp_path: Path, site: SiteProcess) -> Non
     assert crawl.run() == 0, crawl.log()[-3000:]
     assert len(read_feed(feed, "jsonlines")) == PAGES * len(site.hosts)
     assert "reliability/feeds/exactly_once" not in crawl.log()
+
+
+@pytest.mark.postgres
+def test_two_workers_one_killed_twice_share_a_sink_with_each_item_once(
+    tmp_path: Path, site: SiteProcess, postgres_url: str
+) -> None:
+    """Two workers on one PostgreSQL job, one SIGKILLed twice and started again: the
+    shared sink table, and the two workers' feed files together, hold each item once."""
+    project = make_project(tmp_path)
+
+    def worker(n: int) -> Crawl:
+        feed = {str(tmp_path / f"worker{n}.jsonl"): {"format": "jsonlines"}}
+        crawl = Crawl(
+            project,
+            site.start_urls(),
+            f"RELIABILITY_DATABASE_URL={postgres_url}",
+            "RELIABILITY_JOB=shared",
+            "RELIABILITY_ITEMS_TABLE=scraped",
+            "FEEDS=" + json.dumps(feed),
+            "ITEM_PIPELINES={}",
+            "CONCURRENT_REQUESTS=4",
+        )
+        crawl.runs = 100 * n  # a log file of its own
+        return crawl
+
+    steady, victim = worker(1), worker(2)
+    first = steady.start()
+    every = PAGES * len(site.hosts)
+    for kill_at in (every // 4, every // 2):
+        proc = victim.start()
+        code = signal_when(proc, site.log_path, kill_at)
+        assert code == -signal.SIGKILL, victim.log()[-3000:]
+    last = victim.start()
+    assert first.wait(timeout=300) == 0, steady.log()[-3000:]
+    assert last.wait(timeout=300) == 0, victim.log()[-3000:]
+    sink = Counter(sink_pages(postgres_url, "scraped"))
+    files = Counter(
+        read_feed(tmp_path / "worker1.jsonl", "jsonlines")
+        + read_feed(tmp_path / "worker2.jsonl", "jsonlines")
+    )
+    print(f"two workers, one killed twice: sink {sum(sink.values())}, feeds {sum(files.values())}")
+    assert (len(sink), sum(sink.values())) == (every, every)
+    assert (len(files), sum(files.values())) == (every, every)

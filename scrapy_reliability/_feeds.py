@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlparse
 
 from scrapy.crawler import Crawler
 
@@ -80,7 +81,8 @@ def _local_path(uri: str) -> Path | None:
         return None
     if uri.startswith("file://"):
         return Path(uri[len("file://") :])
-    if "://" in uri:
+    scheme = urlparse(uri).scheme
+    if len(scheme) > 1:  # s3://, ftp://, stdout: (one letter: a Windows drive)
         return None
     return Path(uri)
 

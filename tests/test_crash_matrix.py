@@ -256,8 +256,10 @@ def _check(
     }
     dead_rows = [_page_of(u) for u in _dead_letter_urls(url)]
     assert sorted(dead_rows) == sorted(reached_refused), (dead_rows, reached_refused)
-    in_feed = {_page_of(str(d["url"])) for d in read_jsonl(dead_feed)}
+    dead_lines = read_jsonl(dead_feed)
+    in_feed = {_page_of(str(d["url"])) for d in dead_lines}
     assert in_feed == reached_refused, (in_feed, reached_refused)
+    assert len(dead_lines) == len(in_feed), "a dead letter written twice to its feed"
 
     # Refetch bounded by what was in flight: pages without a fault.
     fetches: dict[tuple[str, int], int] = {}

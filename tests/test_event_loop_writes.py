@@ -6,6 +6,7 @@ connection the server drops."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -224,5 +225,96 @@ def test_sqlite_writes_stay_on_the_thread(sqlite_url: str) -> None:
     try:
         job_id = frontier.open_job("spider", SCHEME).id
         assert frontier.alone(job_id, WriteBatch(inserts=[req("a")])) is None
+    finally:
+        frontier.close()
+
+
+@pytest.mark.postgres
+def test_feed_positions_commit_with_the_acks_in_the_one_statement(postgres_url: str) -> None:
+    """An ack batch carrying feed positions still goes as one statement (on the event
+    loop and on the thread), and the positions land with its acks."""
+    from scrapy_reliability.frontier import feeds
+    from scrapy_reliability.frontier.feeds import FeedPosition
+
+    frontier = Frontier.connect(postgres_url, auto_migrate=True)
+    try:
+        job_id = frontier.open_job("spider", SCHEME).id
+        start = {"h:/a.jsonl": FeedPosition(0, 0), "h:/b.json": FeedPosition(5, 0)}
+        assert feeds.open_feeds(frontier.engine, job_id, start, 1.0) == {
+            k: (v, False) for k, v in start.items()
+        }
+        frontier.write(job_id, WriteBatch(inserts=[req("a"), req("b")]))
+        a, b = frontier.claim(job_id, "w1", 2, lease_seconds=60).rows
+        batch = WriteBatch(
+            transitions=[Transition(a.id, a.token, Outcome.DONE)],
+            feed_positions={"h:/a.jsonl": (120, 3)},
+        )
+        plan = frontier.alone(job_id, batch)
+        assert plan is not None, "feed positions must not cost the one-statement write"
+        assert asyncio.run(frontier.write_async(plan, _same_thread)).settled == [a.id]
+        assert feeds.positions(frontier.engine, job_id) == {
+            "h:/a.jsonl": FeedPosition(120, 3),
+            "h:/b.json": FeedPosition(5, 0),
+        }
+        # On the thread (Frontier.write takes the same statement) and again once known.
+        batch = WriteBatch(
+            transitions=[Transition(b.id, b.token, Outcome.DONE)],
+            feed_positions={"h:/a.jsonl": (160, 4), "h:/b.json": (9, 1)},
+        )
+        trips = frontier.round_trips
+        assert frontier.write(job_id, batch).settled == [b.id]
+        assert frontier.round_trips == trips + 1
+        assert feeds.positions(frontier.engine, job_id) == {
+            "h:/a.jsonl": FeedPosition(160, 4),
+            "h:/b.json": FeedPosition(9, 1),
+        }
+        # The next attempt of the run finds them, and keeps them.
+        again = feeds.open_feeds(frontier.engine, job_id, start, 2.0)
+        assert again["h:/a.jsonl"] == (FeedPosition(160, 4), True)
+    finally:
+        frontier.close()
+
+
+@pytest.mark.postgres
+def test_sink_items_go_in_the_one_statement_only_with_their_pages_ack(postgres_url: str) -> None:
+    """RELIABILITY_ITEMS_TABLE's rows ride on the one-statement write, and only for the
+    pages whose lease held: an item of a lease taken over is not stored."""
+    from scrapy_reliability.frontier import item_sink
+    from scrapy_reliability.frontier.records import SinkItem
+
+    frontier = Frontier.connect(postgres_url, auto_migrate=True)
+    try:
+        job_id = frontier.open_job("spider", SCHEME).id
+        item_sink.ensure(frontier.engine, "scraped")
+        frontier.write(job_id, WriteBatch(inserts=[req("a"), req("b")]))
+        a, b = frontier.claim(job_id, "w1", 2, lease_seconds=60).rows
+        batch = WriteBatch(
+            transitions=[
+                Transition(a.id, a.token, Outcome.DONE),
+                Transition(b.id, "a lease taken over", Outcome.DONE),
+            ],
+            items=[
+                SinkItem(a.id, 0, "https://example.com/a", '{"n": 1}'),
+                SinkItem(a.id, 1, "https://example.com/a", '{"n": 2}'),
+                SinkItem(b.id, 0, "https://example.com/b", '{"n": 3}'),
+            ],
+            items_table="scraped",
+        )
+        plan = frontier.alone(job_id, batch)
+        assert plan is not None, "sink items must not cost the one-statement write"
+        result = asyncio.run(frontier.write_async(plan, _same_thread))
+        assert result.settled == [a.id] and result.lost == [b.id]
+        table = item_sink.sink_table("scraped")
+        with frontier.engine.connect() as conn:
+            rows = conn.execute(
+                table.select().with_only_columns(table.c.request_id, table.c.idx, table.c.item)
+            ).all()
+        assert sorted(rows) == [(a.id, 0, '{"n": 1}'), (a.id, 1, '{"n": 2}')]
+        assert item_sink.stored(frontier.engine, "scraped", job_id) == 2
+        # Written again (its answer lost): nothing is added.
+        again = frontier.alone(job_id, dataclasses.replace(batch, retried=True))
+        assert again is not None
+        asyncio.run(frontier.write_async(again, _same_thread))
+        assert item_sink.stored(frontier.engine, "scraped", job_id) == 2
     finally:
         frontier.close()

@@ -121,14 +121,15 @@ def test_every_feed_holds_each_item_once_after_kills(
     seen_twice = sum(1 for line in read_jsonl(pipeline)) - every
     assert seen_twice > 0, "no page was fetched twice: the kills proved nothing"
     # `scrapy frontier status` shows each file's committed items (all of them now).
-    where = (
-        {"RELIABILITY_DATABASE_URL": request.getfixturevalue("postgres_url")}
+    where = {"RELIABILITY_ITEMS_TABLE": "scraped"}
+    where.update(
+        {"RELIABILITY_DATABASE_URL": url}
         if backend == "postgres"
         else {"JOBDIR": str(tmp_path / "job")}
     )
     shown = as_json(frontier_cmd(project, "status", "pages", "--json", settings=where))
-    every = PAGES * len(site.hosts)
     assert sorted(f["items"] for f in shown["feeds"]) == [every] * len(_feeds(tmp_path))
+    assert shown["items_table"] == {"name": "scraped", "items": every}
     assert {Path(f["feed"].split(":", 1)[1]) for f in shown["feeds"]} == {
         Path(p) for p in _feeds(tmp_path)
     }

@@ -17,7 +17,7 @@ from scrapy_reliability import _jobs
 from scrapy_reliability.commands.context import Context, JobGone
 from scrapy_reliability.commands.text import ago, clip, iso, table, when
 from scrapy_reliability.config import Config
-from scrapy_reliability.frontier import adaptive, liveness, steering
+from scrapy_reliability.frontier import adaptive, item_sink, liveness, steering
 from scrapy_reliability.frontier import feeds as frontier_feeds
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.inspect import DomainInfo, WorkerInfo
@@ -46,6 +46,8 @@ def show_status(ctx: Context, args: list[str]) -> None:
     limits, limits_from = ctx.limits(job, spider)
     states = worker_states(inspector.engine, status.workers, ctx.now, ctx.config(spider))
     feeds = frontier_feeds.positions(inspector.engine, job.id)
+    sink = ctx.config(spider).output.items_table
+    in_sink = None if sink is None else item_sink.stored(inspector.engine, sink, job.id)
     if ctx.opts.json:
         ctx.print_json(
             {
@@ -65,6 +67,7 @@ def show_status(ctx: Context, args: list[str]) -> None:
                     {"feed": feed, "items": at.items, "bytes": at.position}
                     for feed, at in feeds.items()
                 ],
+                "items_table": None if sink is None else {"name": sink, "items": in_sink},
             }
         )
         return
@@ -122,6 +125,10 @@ def show_status(ctx: Context, args: list[str]) -> None:
             )
     else:
         out("Workers: none running")
+    if sink is not None:
+        out("")
+        stored = "no such table yet" if in_sink is None else f"{in_sink} items of this run"
+        out(f"Items table (RELIABILITY_ITEMS_TABLE) {sink}: {stored}")
     if feeds:
         out("")
         out("Feed files of this run, as of their last committed ack (written once):")

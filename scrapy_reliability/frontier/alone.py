@@ -16,13 +16,15 @@ from sqlalchemy import Connection, Engine
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import clock
 from scrapy_reliability.frontier.claim import Claimer, in_claim_order, new_token
-from scrapy_reliability.frontier.hotsql import Alone, DueLease, HotSql, PostgresHotSql
+from scrapy_reliability.frontier.hotsql import Alone, DueLease, HotSql, Output, PostgresHotSql
+from scrapy_reliability.frontier.hotsql.base import NO_OUTPUT
 from scrapy_reliability.frontier.hotsql.pgasync import AsyncStatements
 from scrapy_reliability.frontier.records import (
     ClaimResult,
     ClaimSpec,
     NewRequest,
     Outcome,
+    WriteBatch,
     WriteResult,
 )
 from scrapy_reliability.frontier.tokens import ClaimTokens
@@ -44,6 +46,8 @@ class AloneWrite:
     claim: ClaimSpec | None
     lease: DueLease | None
     now: float
+    #: What it records of the crawl's output: feed positions, sink items.
+    output: Output = NO_OUTPUT
 
     @property
     def acks(self) -> bool:
@@ -79,13 +83,15 @@ class AloneWrites:
     def plan(
         self,
         job_id: int,
-        inserts: list[NewRequest],
+        batch: WriteBatch,
         settles: list[tuple[int, str, str]],
         claim: ClaimSpec | None,
         now: float,
         *,
         pinned: bool,
     ) -> AloneWrite:
+        """``batch``'s new requests and output (feed positions, sink items), its
+        ``settles`` and ``claim`` as one write."""
         lease = None
         if claim is not None:
             # The claim's own clock (unless the caller pinned one): the start times
@@ -98,13 +104,24 @@ class AloneWrites:
                 claim_now + claim.lease_seconds,
                 claim_now,
             )
-        return AloneWrite(job_id, inserts, settles, claim, lease, now)
+        output = Output(
+            tuple((feed, at[0], at[1]) for feed, at in batch.feed_positions.items()),
+            tuple(batch.items),
+            batch.items_table,
+        )
+        return AloneWrite(job_id, batch.inserts, settles, claim, lease, now, output)
 
     def write(self, w: AloneWrite) -> WriteResult:
         """``w`` on the calling thread, through the frontier's kept connection."""
         with self._acking(w), self._one_statement() as conn:
             alone = self._sql.write_alone(
-                conn, w.job_id, w.inserts, settles=w.settles, lease=w.lease, now=w.now
+                conn,
+                w.job_id,
+                w.inserts,
+                settles=w.settles,
+                lease=w.lease,
+                now=w.now,
+                output=w.output,
             )
         return self._result(w, alone, self._claim_rest(w, alone))
 
@@ -115,7 +132,7 @@ class AloneWrites:
         through ``on_thread``."""
         assert self._async is not None and isinstance(self._sql, PostgresHotSql)
         sql, params = self._sql.alone_statement(
-            w.job_id, w.inserts, settles=w.settles, lease=w.lease, now=w.now
+            w.job_id, w.inserts, settles=w.settles, lease=w.lease, now=w.now, output=w.output
         )
         with self._acking(w):
             self._sql.round_trips += 1

@@ -24,7 +24,9 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
+    func,
     inspect,
+    select,
 )
 
 from scrapy_reliability.frontier import dialect
@@ -94,3 +96,16 @@ def insert(conn: Connection, name: str, job_id: int, rows: Sequence[SinkItem], n
             for r in rows
         ],
     )
+
+
+def stored(engine: Engine, name: str, job_id: int) -> int | None:
+    """Items of run ``job_id`` in the sink table (None: there is no such table)."""
+    if not inspect(engine).has_table(name):
+        return None
+    table = sink_table(name)
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                select(func.count()).select_from(table).where(table.c.job_id == job_id)
+            ).scalar_one()
+        )

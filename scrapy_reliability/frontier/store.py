@@ -319,13 +319,12 @@ class Frontier:
         """The settlements of ``batch`` when it goes as one statement with ``claim``
         (see ``HotSql.write_alone``), else None (a transaction)."""
         settles = self._writes.settlements_alone(job_id, batch, policy)
-        if (
-            settles is not None
-            and (claim is None or not (claim.politeness or Politeness()).limits_anything)
-            and self._sql.writes_alone(len(batch.inserts), len(settles), claim is not None)
-        ):
-            return settles
-        return None
+        claims = claim is not None
+        if settles is None or (claim and (claim.politeness or Politeness()).limits_anything):
+            return None
+        output = bool(batch.feed_positions or batch.items)
+        alone = self._sql.writes_alone(len(batch.inserts), len(settles), claims, output)
+        return settles if alone else None
 
     def alone(
         self,
@@ -346,7 +345,7 @@ class Frontier:
         settles = self._settles_alone(job_id, batch, claim, policy)
         if settles is None:
             return None
-        return self._alone.plan(job_id, batch.inserts, settles, claim, clock.now(), pinned=False)
+        return self._alone.plan(job_id, batch, settles, claim, clock.now(), pinned=False)
 
     async def write_async(
         self, w: AloneWrite, on_thread: OnThread[ClaimResult | None]
@@ -378,7 +377,7 @@ class Frontier:
     ) -> WriteResult:
         settles = self._settles_alone(job_id, batch, claim, policy)
         if settles is not None:
-            w = self._alone.plan(job_id, batch.inserts, settles, claim, now, pinned=pinned)
+            w = self._alone.plan(job_id, batch, settles, claim, now, pinned=pinned)
             return self._alone.write(w)
         acks = any(tr.outcome is Outcome.DONE for tr in batch.transitions)
         with self._transaction() as conn:
@@ -422,7 +421,7 @@ class Frontier:
         self._leases.resolve()
         with self.tokens.claiming() as landed:
             if self._sql.writes_alone(0, 0, True) and not limited:
-                w = self._alone.plan(job_id, [], [], spec, now, pinned=pinned)
+                w = self._alone.plan(job_id, WriteBatch(), [], spec, now, pinned=pinned)
                 claimed = landed(self._alone.write(w)).claimed
                 assert claimed is not None
                 return claimed

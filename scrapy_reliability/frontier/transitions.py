@@ -127,14 +127,7 @@ class WritePath:
         nothing for the domains or recrawls to learn): what
         :meth:`HotSql.write_alone` writes in one statement. None otherwise: the
         batch takes :meth:`apply` in a transaction."""
-        if (
-            batch.dead_items
-            or batch.refusals
-            or batch.domain_updates
-            or batch.clear_dead_letters
-            or batch.feed_positions
-            or batch.items
-        ):
+        if batch.dead_items or batch.refusals or batch.domain_updates or batch.clear_dead_letters:
             return None
         if batch.successes and self._domains.grown(
             job_id, batch.successes, policy or Politeness(adaptive=None)

@@ -88,7 +88,10 @@ class FeedOutput:
             # The storage opens the file for appending: this part empties it, at a
             # new run only.
             feed.exporter.feeds[feed.uri]["overwrite"] = False
-            size = feed.path.stat().st_size if feed.path.is_file() else 0
+            try:
+                size = feed.path.stat().st_size if feed.path.is_file() else 0
+            except OSError:
+                size = 0  # Scrapy's storage says why when it opens the file
             starts[feed.key] = FeedPosition(0 if feed.overwrite else size, 0)
         return starts
 
@@ -101,7 +104,16 @@ class FeedOutput:
             if known is None:
                 continue
             (position, items), earlier = known
-            self._cut(feed, position, items, earlier)
+            try:
+                self._cut(feed, position, items, earlier)
+            except OSError as exc:
+                logger.error(
+                    "Cannot cut feed %(path)s back to its last committed ack (%(error)s): "
+                    "it is continued as it is, so items of pages fetched again may be in it "
+                    "twice",
+                    {"path": feed.path, "error": exc},
+                    extra=ctx.log(),
+                )
         self._exporters = list({id(f.exporter): f.exporter for f in self.feeds}.values())
         self.holding = bool(self._exporters or self.sink)
         if not self.holding:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from scrapy_reliability.frontier import dialect
-from scrapy_reliability.frontier.hotsql.base import INSERT_CHUNK, Alone, DueLease, HotSql
+from scrapy_reliability.frontier.hotsql.base import INSERT_CHUNK, Alone, DueLease, HotSql, Output
 from scrapy_reliability.frontier.hotsql.postgres import PostgresHotSql
 from scrapy_reliability.frontier.hotsql.sqlite import SqliteHotSql
 
@@ -25,6 +25,7 @@ __all__ = [
     "Alone",
     "DueLease",
     "HotSql",
+    "Output",
     "PostgresHotSql",
     "SqliteHotSql",
     "hot_sql",

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from scrapy_reliability.frontier.records import Claimed, NewRequest
+from scrapy_reliability.frontier.records import Claimed, NewRequest, SinkItem
 from scrapy_reliability.frontier.recrawl import MAX_INTERVAL
 from scrapy_reliability.frontier.schema import LEASED, PENDING, domains, requests
 
@@ -28,6 +28,25 @@ class DueLease:
     worker_id: str
     expires_at: float
     now: float
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a write records of the crawl's output (docs/output.md), as
+    :meth:`HotSql.write_alone` carries it: feed files as they stand once its acks land
+    (feed, size, items), and items for the sink table ``table``, each stored only with
+    the ack of its page."""
+
+    positions: tuple[tuple[str, int, int], ...] = ()
+    items: tuple[SinkItem, ...] = ()
+    table: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.positions or (self.items and self.table))
+
+
+#: A write that records nothing of the output.
+NO_OUTPUT = Output()
 
 
 #: What :meth:`HotSql.write_alone` returns: the fingerprints inserted, the rows
@@ -122,9 +141,10 @@ class HotSql(abc.ABC):
         """Lease the rows ``ids`` (just selected, so pending) under ``token``."""
 
     @abc.abstractmethod
-    def writes_alone(self, inserts: int, settles: int, claims: bool) -> bool:
+    def writes_alone(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
         """Whether :meth:`write_alone` takes a write of ``inserts`` new requests and
-        ``settles`` plain settlements, with a claim when ``claims``."""
+        ``settles`` plain settlements, with a claim when ``claims`` and an
+        :class:`Output` when ``output``."""
 
     @abc.abstractmethod
     def write_alone(
@@ -136,13 +156,15 @@ class HotSql(abc.ABC):
         settles: Sequence[tuple[int, str, str]],
         lease: DueLease | None,
         now: float,
+        output: Output = NO_OUTPUT,
     ) -> Alone:
         """A write that :meth:`writes_alone` takes, as one statement outside any
         transaction (one statement is a transaction of its own: no BEGIN, no
         COMMIT to send): insert-or-ignore ``rows``, settle each (row, token,
-        state) of ``settles`` that still holds its token, and with ``lease``
-        lease due pending rows. The lease does not see the rows this statement
-        inserts (one snapshot)."""
+        state) of ``settles`` that still holds its token, record ``output`` (its
+        sink items only with their page's settlement), and with ``lease`` lease due
+        pending rows. The lease does not see the rows this statement inserts (one
+        snapshot)."""
 
     def lease_due(
         self,

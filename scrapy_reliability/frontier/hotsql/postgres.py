@@ -12,9 +12,9 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from scrapy_reliability.frontier.hotsql.base import Alone, DueLease, HotSql
+from scrapy_reliability.frontier.hotsql.base import NO_OUTPUT, Alone, DueLease, HotSql, Output
 from scrapy_reliability.frontier.records import Claimed, NewRequest
-from scrapy_reliability.frontier.schema import LEASED, PENDING, requests
+from scrapy_reliability.frontier.schema import LEASED, PENDING, feed_positions, requests
 
 #: Lists as JSON; a value JSON cannot carry (NaN, infinity) fails its write, which
 #: is then split until that row alone is refused.
@@ -120,7 +120,7 @@ class PostgresHotSql(HotSql):
 
     # -- a write in one statement -------------------------------------------------------------
 
-    def writes_alone(self, inserts: int, settles: int, claims: bool) -> bool:
+    def writes_alone(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
         # Lists are array parameters: one text for any number of rows.
         return bool(inserts or settles or claims)
 
@@ -133,8 +133,11 @@ class PostgresHotSql(HotSql):
         settles: Sequence[tuple[int, str, str]],
         lease: DueLease | None,
         now: float,
+        output: Output = NO_OUTPUT,
     ) -> Alone:
-        sql, params = self.alone_statement(job_id, rows, settles=settles, lease=lease, now=now)
+        sql, params = self.alone_statement(
+            job_id, rows, settles=settles, lease=lease, now=now, output=output
+        )
         return self.alone_result(self._run_alone(conn, sql, params), lease)
 
     def alone_statement(
@@ -145,15 +148,19 @@ class PostgresHotSql(HotSql):
         settles: Sequence[tuple[int, str, str]],
         lease: DueLease | None,
         now: float,
+        output: Output = NO_OUTPUT,
     ) -> tuple[str, list[Any]]:
         """The text and parameters of :meth:`write_alone`'s statement."""
         # Data-modifying CTEs: the new rows, the settlements and the lease, each
-        # aggregated into one column of the one row the statement returns.
+        # aggregated into one column of the one row the statement returns; the
+        # output (feed positions, sink items), which returns nothing.
         leases = lease is not None
+        positions = bool(output.positions)
+        sink = output.table if output.items and settles else None
         sql = self._text(
-            f"alone-{bool(rows)}-{bool(settles)}-{leases}",
+            f"alone-{bool(rows)}-{bool(settles)}-{leases}-{positions}-{sink}",
             0,
-            lambda: self._alone_sql(bool(rows), bool(settles), leases),
+            lambda: self._alone_sql(bool(rows), bool(settles), leases, positions, sink),
         )
         # Lists go as one JSON text each: psycopg dumps a str in C, and an array
         # element by element in Python (ten times the CPU of the whole statement).
@@ -180,6 +187,10 @@ class PostgresHotSql(HotSql):
             )
         if settles:
             params += (now, _dumps(settles))
+        if positions:
+            params += (now, _dumps(list(output.positions)), job_id)
+        if sink is not None:
+            params += (job_id, now, _dumps([tuple(i) for i in output.items]))
         if lease is not None:
             params += self._due_params(job_id, lease)
         return sql, params
@@ -193,7 +204,9 @@ class PostgresHotSql(HotSql):
             self._claimed(claimed or (), lease.token) if lease is not None else [],
         )
 
-    def _alone_sql(self, inserts: bool, settles: bool, leases: bool) -> str:
+    def _alone_sql(
+        self, inserts: bool, settles: bool, leases: bool, positions: bool, sink: str | None
+    ) -> str:
         p, table = self.P, requests.name
         ctes, columns = [], []
         if inserts:
@@ -215,6 +228,25 @@ class PostgresHotSql(HotSql):
                 f"AND r.state = '{LEASED}' RETURNING r.id)"
             )
         columns.append("(SELECT json_agg(id) FROM done)" if settles else "NULL")
+        if positions:
+            # Run to completion though nothing reads it (PostgreSQL runs every
+            # data-modifying CTE once): with the acks, or not at all.
+            ctes.append(
+                f"pos AS (UPDATE {feed_positions.name} AS f SET position = (v.e->>1)::bigint, "
+                f"items = (v.e->>2)::bigint, updated_at = {p} "
+                f"FROM json_array_elements({p}::json) AS v(e) "
+                f"WHERE f.job_id = {p} AND f.feed = v.e->>0 RETURNING 1)"
+            )
+        if sink is not None:
+            # An item goes in with its page's settlement only (``done``: the rows whose
+            # lease held); one already stored (a write run again) is kept.
+            ctes.append(
+                f"sink AS (INSERT INTO {sink} (job_id, request_id, idx, url, item, stored_at) "
+                f"SELECT {p}, (v.e->>0)::bigint, (v.e->>1)::integer, v.e->>2, v.e->>3, {p} "
+                f"FROM json_array_elements({p}::json) AS v(e) "
+                "WHERE (v.e->>0)::bigint IN (SELECT id FROM done) "
+                "ON CONFLICT DO NOTHING RETURNING 1)"
+            )
         if leases:
             ctes.append(self._due_ctes())
             columns.append(f"(SELECT json_agg(json_build_array({self._CLAIMED})) FROM got)")

@@ -11,7 +11,14 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from scrapy_reliability.frontier.hotsql.base import INSERT_CHUNK, Alone, DueLease, HotSql
+from scrapy_reliability.frontier.hotsql.base import (
+    INSERT_CHUNK,
+    NO_OUTPUT,
+    Alone,
+    DueLease,
+    HotSql,
+    Output,
+)
 from scrapy_reliability.frontier.records import Claimed, NewRequest
 from scrapy_reliability.frontier.schema import requests
 
@@ -30,9 +37,9 @@ class SqliteHotSql(HotSql):
     its commit writes the pages it changed to the WAL inside the statement's
     step, with the GIL released."""
 
-    def writes_alone(self, inserts: int, settles: int, claims: bool) -> bool:
+    def writes_alone(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
         # New requests alone: SQLite has no data-modifying CTE to carry the rest.
-        return not (settles or claims) and 0 < inserts <= INSERT_CHUNK
+        return not (settles or claims or output) and 0 < inserts <= INSERT_CHUNK
 
     def write_alone(
         self,
@@ -43,8 +50,9 @@ class SqliteHotSql(HotSql):
         settles: Sequence[tuple[int, str, str]],
         lease: DueLease | None,
         now: float,
+        output: Output = NO_OUTPUT,
     ) -> Alone:
-        assert not settles and lease is None
+        assert not settles and lease is None and not output
         return self.insert(conn, job_id, rows, now), set(), []
 
     def _in(self, column: str, n: int, cast: str) -> str:

@@ -2,7 +2,7 @@
 
 The scheduler's side of the ack protocol stands on Scrapy internals that Scrapy makes
 no promise about (:mod:`scrapy_reliability.scheduling.engine` uses them, and looks
-each one up defensively). A Scrapy release that renamed one would not fail loudly:
+each one up defensively; :mod:`scrapy_reliability._feeds` those of the feed exports). A Scrapy release that renamed one would not fail loudly:
 wrapping a ``Scraper.enqueue_scrape`` the engine no longer calls would leave every
 request leased and never acked. So a crawl checks them first: the add-on before
 Scrapy builds its engine (one ERROR line, exit status 1), the Scheduler when Scrapy
@@ -33,7 +33,9 @@ class Hook:
 
 
 def _classes() -> dict[str, type | None]:
+    from scrapy import exporters
     from scrapy.core import downloader, engine, scraper
+    from scrapy.extensions import feedexport
 
     return {
         "ExecutionEngine": getattr(engine, "ExecutionEngine", None),
@@ -41,6 +43,10 @@ def _classes() -> dict[str, type | None]:
         "Scraper": getattr(scraper, "Scraper", None),
         "Downloader": getattr(downloader, "Downloader", None),
         "downloader.Slot": getattr(downloader, "Slot", None),
+        "FeedExporter": getattr(feedexport, "FeedExporter", None),
+        "FeedSlot": getattr(feedexport, "FeedSlot", None),
+        "JsonItemExporter": getattr(exporters, "JsonItemExporter", None),
+        "CsvItemExporter": getattr(exporters, "CsvItemExporter", None),
     }
 
 
@@ -112,6 +118,29 @@ HOOKS: tuple[Hook, ...] = (
         "Scraper.start_itemproc_async or Scraper.start_itemproc",
         "send dead letters through the item pipelines",
         _method("Scraper", "start_itemproc_async", "start_itemproc"),
+    ),
+    Hook(
+        "FeedExporter.item_scraped, .feeds and .slots",
+        "write a page's items to the local feeds with its ack (scheduling/feed_output.py)",
+        lambda: (
+            _method("FeedExporter", "item_scraped")() and _uses("FeedExporter", "feeds", "slots")()
+        ),
+    ),
+    Hook(
+        "FeedSlot._get_exporter, ._fileloaded, ._exporting, .itemcount, .uri_template",
+        "continue a feed file cut back at a resume (_feeds.resume_slot)",
+        lambda: (
+            _method("FeedSlot", "_get_exporter")()
+            and _uses("FeedSlot", "_fileloaded", "_exporting", "itemcount", "uri_template")()
+        ),
+    ),
+    Hook(
+        "JsonItemExporter.first_item and CsvItemExporter._headers_not_written",
+        "continue a JSON array or a CSV file without a second '[' or header",
+        lambda: (
+            _uses("JsonItemExporter", "first_item")()
+            and _uses("CsvItemExporter", "_headers_not_written", "csv_writer")()
+        ),
     ),
     Hook(
         "ExecutionEngine.close_spider_async or ExecutionEngine.close_spider",

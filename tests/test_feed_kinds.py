@@ -76,6 +76,20 @@ def test_a_projects_own_exporter_or_storage_is_at_least_once(tmp_path: Path) -> 
     assert "FEED_STORAGES" in other[uri]
 
 
+def test_a_scrapy_without_the_feed_internals_still_crawls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scrapy's own tests patch FeedSlot: the feeds fall back to at least once, named,
+    and the crawl is not refused."""
+    from scrapy.extensions import feedexport
+
+    from scrapy_reliability.scheduling import scrapy_hooks
+
+    assert scrapy_hooks.feed_hooks_missing() == []
+    monkeypatch.delattr(feedexport.FeedSlot, "_get_exporter")
+    lacking = scrapy_hooks.feed_hooks_missing()
+    assert [h.name.split(",")[0] for h in lacking] == ["FeedSlot._get_exporter"]
+    assert scrapy_hooks.missing() == []
+
+
 from scrapy.exporters import JsonLinesItemExporter  # noqa: E402
 from scrapy.extensions.feedexport import FileFeedStorage  # noqa: E402
 

@@ -36,6 +36,7 @@ from scrapy.utils.serialize import ScrapyJSONEncoder
 from scrapy_reliability import _feeds, item_keys
 from scrapy_reliability.frontier.feeds import FeedPosition
 from scrapy_reliability.frontier.records import DeadItem, Outcome, SinkItem, WriteBatch
+from scrapy_reliability.scheduling import scrapy_hooks
 from scrapy_reliability.scheduling.meta import TASK_META
 
 if TYPE_CHECKING:
@@ -77,6 +78,11 @@ class FeedOutput:
         if not ctx.config.output.exactly_once_feeds or not ctx.feed_exporters:
             return {}
         self.feeds, other = _feeds.exact_feeds(ctx.feed_exporters, ctx.hostname)
+        lacking = scrapy_hooks.feed_hooks_missing()
+        if lacking and self.feeds:
+            why = f"this Scrapy lacks {lacking[0].name} (needed to {lacking[0].purpose})"
+            other.update({feed.uri: why for feed in self.feeds})
+            self.feeds = []
         for uri, why in other.items():
             logger.info(
                 "Feed %(uri)s is written at least once, not exactly once: %(why)s",

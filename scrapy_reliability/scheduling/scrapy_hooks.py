@@ -2,12 +2,15 @@
 
 The scheduler's side of the ack protocol stands on Scrapy internals that Scrapy makes
 no promise about (:mod:`scrapy_reliability.scheduling.engine` uses them, and looks
-each one up defensively; :mod:`scrapy_reliability._feeds` those of the feed exports). A Scrapy release that renamed one would not fail loudly:
+each one up defensively). A Scrapy release that renamed one would not fail loudly:
 wrapping a ``Scraper.enqueue_scrape`` the engine no longer calls would leave every
 request leased and never acked. So a crawl checks them first: the add-on before
 Scrapy builds its engine (one ERROR line, exit status 1), the Scheduler when Scrapy
 builds it. Only names are looked up: Scrapy's classes, and the attribute names their
 code uses (an instance attribute exists only once Scrapy's engine has built it).
+The feed exports' internals (:data:`FEED_HOOKS`, used by :mod:`scrapy_reliability._feeds`)
+are checked when a crawl has local feeds: without them those feeds are written at
+least once, said at start, and the crawl runs.
 """
 
 from __future__ import annotations
@@ -120,6 +123,17 @@ HOOKS: tuple[Hook, ...] = (
         _method("Scraper", "start_itemproc_async", "start_itemproc"),
     ),
     Hook(
+        "ExecutionEngine.close_spider_async or ExecutionEngine.close_spider",
+        "stop a crawl whose frontier database is gone",
+        _method("ExecutionEngine", "close_spider_async", "close_spider"),
+    ),
+)
+
+
+#: The feed exports' internals (``_feeds.py``): without them the local feeds are written
+#: at least once, as Scrapy writes them, said at start; the crawl runs.
+FEED_HOOKS: tuple[Hook, ...] = (
+    Hook(
         "FeedExporter.item_scraped, .feeds and .slots",
         "write a page's items to the local feeds with its ack (scheduling/feed_output.py)",
         lambda: (
@@ -142,12 +156,13 @@ HOOKS: tuple[Hook, ...] = (
             and _uses("CsvItemExporter", "_headers_not_written", "csv_writer")()
         ),
     ),
-    Hook(
-        "ExecutionEngine.close_spider_async or ExecutionEngine.close_spider",
-        "stop a crawl whose frontier database is gone",
-        _method("ExecutionEngine", "close_spider_async", "close_spider"),
-    ),
 )
+
+
+def feed_hooks_missing() -> list[Hook]:
+    """The feed-export internals the installed Scrapy lacks (or a test replaced)."""
+    _names.cache_clear()
+    return [hook for hook in FEED_HOOKS if not hook.present()]
 
 
 def missing() -> list[Hook]:

@@ -254,3 +254,27 @@ def test_two_workers_one_killed_twice_share_a_sink_with_each_item_once(
     print(f"two workers, one killed twice: sink {sum(sink.values())}, feeds {sum(files.values())}")
     assert (len(sink), sum(sink.values())) == (every, every)
     assert (len(files), sum(files.values())) == (every, every)
+
+
+def test_an_item_a_feed_cannot_write_costs_its_line_only(tmp_path: Path, site: SiteProcess) -> None:
+    """An item the JSON encoder refuses is logged and left out, as Scrapy's own feed
+    export does; the rest of the feed, the acks and the crawl go on."""
+    project = make_project(tmp_path)
+    feed = tmp_path / "items.jsonl"
+    crawl = Crawl(
+        project,
+        site.start_urls(),
+        "FEEDS=" + json.dumps({str(feed): {"format": "jsonlines"}}),
+        "ITEM_PIPELINES={}",
+        f"JOBDIR={tmp_path / 'job'}",
+        bad_item_page="3",
+    )
+    assert crawl.run() == 0, crawl.log()[-3000:]
+    log = crawl.log()
+    items = Counter(read_feed(feed, "jsonlines"))
+    hosts = len(site.hosts)
+    assert (len(items), sum(items.values())) == (PAGES * hosts - hosts, PAGES * hosts - hosts)
+    assert not any(page == 3 for _, page in items)
+    assert log.count("A feed could not write an item") == hosts, log[-3000:]
+    assert f"'reliability/feeds/errors': {hosts}" in log
+    assert "finished: no request is pending or leased" in log, log[-3000:]

@@ -182,9 +182,20 @@ class FeedOutput:
         self._export(item)
 
     def _export(self, item: Any) -> None:
+        """Hand ``item`` to the feed exporters; one that fails on it (an item its format
+        cannot encode, a full disk) costs that item's line, as in Scrapy, where the
+        signal's dispatcher logs the error and the crawl goes on."""
         spider = self.ctx.spider
         for exporter in self._exporters:
-            exporter.item_scraped(item, spider)
+            try:
+                exporter.item_scraped(item, spider)
+            except Exception as exc:
+                logger.error(
+                    "A feed could not write an item (%(error)s); the item is not in it: %(item)s",
+                    {"error": f"{type(exc).__name__}: {exc}", "item": repr(item)[:300]},
+                    extra=self.ctx.log(),
+                )
+                self.ctx.stats.inc_value("reliability/feeds/errors")
 
     def settle(self, batch: WriteBatch) -> None:
         """(Just before ``batch`` is written.) Write the items of the pages it settles
@@ -236,7 +247,3 @@ class FeedOutput:
             return
         batch.items.append(SinkItem(task, index, url, stored))
         batch.items_table = self.sink
-
-    def held(self) -> int:
-        """Items waiting for their page's ack."""
-        return sum(len(items) for items in self._held.values())

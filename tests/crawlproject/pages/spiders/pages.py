@@ -38,6 +38,7 @@ class PagesSpider(scrapy.Spider):
         start_meta: str = "",
         start_delay: str = "",
         authorization: str = "",
+        bad_item_page: str = "",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -53,6 +54,8 @@ class PagesSpider(scrapy.Spider):
         # Seconds between two start requests: start() yields them lazily, as a spider
         # reading its start URLs from a slow source does.
         self.start_delay = float(start_delay) if start_delay else 0.0
+        # Pages whose item holds a value a JSON feed cannot encode.
+        self.bad_item_page = int(bad_item_page) if bad_item_page else None
         # An Authorization header the spider sets on every request it yields.
         self.headers = {"Authorization": authorization} if authorization else None
 
@@ -81,6 +84,7 @@ class PagesSpider(scrapy.Spider):
                 "cached": "cached" in response.flags,
                 "sha256": hashlib.sha256(response.body).hexdigest(),
                 "version": int(response.css("p::text").re_first(r"version (\d+)") or 0),
+                **({"odd": object()} if page == self.bad_item_page else {}),
             }
             if page == self.bad_meta_page:
                 yield response.follow(

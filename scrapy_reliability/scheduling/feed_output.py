@@ -66,7 +66,7 @@ class FeedOutput:
         #: FEEDS keys whose slot continues a file of this run (items written before).
         self._resume: dict[str, int] = {}
         self._exporters: list[Any] = []
-        #: The last position put into a write, by feed: unchanged ones are not written.
+        #: The last position put into a write, by feed.
         self._sent: dict[str, tuple[int, int]] = {}
 
     # -- start --------------------------------------------------------------------------------
@@ -215,7 +215,10 @@ class FeedOutput:
         for feed in self.feeds:
             slot = _feeds.exact_slot(feed)
             at = None if slot is None else _feeds.slot_position(slot)
-            if at is not None and self._sent.get(feed.key) != at:
+            # Unchanged positions ride only with settlements: new requests alone keep
+            # their one-statement write, and a position lost with a write part the
+            # database refused is written again with the next page's ack.
+            if at is not None and (batch.transitions or self._sent.get(feed.key) != at):
                 batch.feed_positions[feed.key] = self._sent[feed.key] = at
 
     def _to_sink(self, batch: WriteBatch, task: int, place: int, item: Any, url: str) -> None:

@@ -182,9 +182,10 @@ def resume_slot(slot: Any, items: int) -> None:
     next item follows the last one as in an uninterrupted run."""
     slot.file = slot.storage.open(slot.spider)
     options = slot.feed_options
+    # (file, format) by position: Scrapy 2.13 names the second ``format``, 2.19 ``format_``.
     slot.exporter = slot._get_exporter(
-        file=slot.file,
-        format_=options["format"],
+        slot.file,
+        options["format"],
         fields_to_export=options["fields"],
         encoding=options["encoding"],
         indent=options["indent"],

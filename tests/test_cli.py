@@ -280,10 +280,17 @@ def test_dead_export_requeue_and_purge(states: States, frontier_url: str, tmp_pa
     )
     assert refused.returncode == 1
     assert "live workers" in refused.stdout and "--force" in refused.stdout
+    # A feed file's position (docs/output.md) goes with the job.
+    from scrapy_reliability.frontier import feeds
+
+    feeds.open_feeds(
+        states.frontier.engine, states.job.id, {"h:/f.jsonl": feeds.FeedPosition(0, 0)}, 1.0
+    )
     gone = as_json(
         frontier_cmd(tmp_path, "purge", *common, "--whole-job", "--yes", "--force", "--json")
     )
     assert gone["purged"]["reliability_requests"] == len(URLS) + 1  # all but never_seen, + 2 firsts
+    assert gone["purged"]["reliability_feed_positions"] == 1
     engine = create_engine(frontier_url)
     with engine.connect() as conn:
         assert conn.execute(select(jobs)).all() == []

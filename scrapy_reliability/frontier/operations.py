@@ -18,6 +18,7 @@ from scrapy_reliability.frontier.schema import (
     PENDING,
     dead_letters,
     domains,
+    feed_positions,
     fingerprints,
     jobs,
     requests,
@@ -157,7 +158,7 @@ def purge_pending(
 def purge_job(conn: Connection, name: str, *, dry_run: bool) -> dict[str, int]:
     """See :meth:`Inspector.purge_job`."""
     ids = select(jobs.c.id).where(jobs.c.name == name).scalar_subquery()
-    tables = (dead_letters, requests, domains, workers, fingerprints, jobs)
+    tables = (dead_letters, requests, domains, workers, fingerprints, feed_positions, jobs)
     removed: dict[str, int] = {}
     for table in tables:
         where = table.c.id.in_(ids) if table is jobs else table.c.job_id.in_(ids)

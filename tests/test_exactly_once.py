@@ -69,6 +69,14 @@ def read_feed(path: Path, fmt: str) -> list[tuple[str, int]]:
     return [(str(r["host"]), int(str(r["page"]))) for r in rows]
 
 
+def frontier_of(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, str]:
+    """The crawl's setting for the frontier of ``backend``, and its database URL."""
+    if backend == "postgres":
+        url = str(request.getfixturevalue("postgres_url"))
+        return f"RELIABILITY_DATABASE_URL={url}", url
+    return f"JOBDIR={tmp_path / 'job'}", f"sqlite:///{tmp_path / 'job' / 'reliability.sqlite'}"
+
+
 def check_feeds(
     tmp_path: Path, site: SiteProcess, pages: int = PAGES
 ) -> dict[str, tuple[int, int, int]]:
@@ -95,13 +103,8 @@ def test_every_feed_holds_each_item_once_after_kills(
         "ITEMS_WITH_KEYS=True",
         "RELIABILITY_ITEMS_TABLE=scraped",
     ]
-    if backend == "postgres":
-        url = str(request.getfixturevalue("postgres_url"))
-        settings.append(f"RELIABILITY_DATABASE_URL={url}")
-    else:
-        settings.append(f"JOBDIR={tmp_path / 'job'}")
-        url = f"sqlite:///{tmp_path / 'job' / 'reliability.sqlite'}"
-    crawl = Crawl(project, site.start_urls(), *settings)
+    home, url = frontier_of(backend, tmp_path, request)
+    crawl = Crawl(project, site.start_urls(), *settings, home)
     crawl_with_kills(crawl, site.log_path, kills=3, seed=32)
     found = check_feeds(tmp_path, site)
     sink = Counter(sink_pages(url, "scraped"))
@@ -119,12 +122,8 @@ def test_every_feed_holds_each_item_once_after_kills(
     assert all(len(k) == 1 for k in keys.values()), [k for k in keys.values() if len(k) > 1][:3]
     assert len({k for ks in keys.values() for k in ks}) == every
     # `scrapy frontier status` shows each file's committed items (all of them now).
-    where = {"RELIABILITY_ITEMS_TABLE": "scraped"}
-    where.update(
-        {"RELIABILITY_DATABASE_URL": url}
-        if backend == "postgres"
-        else {"JOBDIR": str(tmp_path / "job")}
-    )
+    name, value = home.split("=", 1)
+    where = {"RELIABILITY_ITEMS_TABLE": "scraped", name: value}
     shown = as_json(frontier_cmd(project, "status", "pages", "--json", settings=where))
     assert sorted(f["items"] for f in shown["feeds"]) == [every] * len(_feeds(tmp_path))
     assert shown["items_table"] == {"name": "scraped", "items": every}
@@ -172,13 +171,8 @@ def test_twenty_random_kills(tmp_path: Path, backend: str, request: pytest.Fixtu
             "ITEM_PIPELINES={}",
             "RELIABILITY_ITEMS_TABLE=scraped",
         ]
-        if backend == "postgres":
-            url = str(request.getfixturevalue("postgres_url"))
-            settings.append(f"RELIABILITY_DATABASE_URL={url}")
-        else:
-            settings.append(f"JOBDIR={tmp_path / 'job'}")
-            url = f"sqlite:///{tmp_path / 'job' / 'reliability.sqlite'}"
-        crawl = Crawl(project, site.start_urls(), *settings)
+        home, url = frontier_of(backend, tmp_path, request)
+        crawl = Crawl(project, site.start_urls(), *settings, home)
         crawl_with_kills(crawl, site.log_path, kills=20, seed=20, between=(60, 160))
         found = check_feeds(tmp_path, site, pages)
         sink = Counter(sink_pages(url, "scraped"))

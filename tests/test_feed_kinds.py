@@ -100,3 +100,23 @@ class OwnExporter(JsonLinesItemExporter):
 
 class OwnStorage(FileFeedStorage):
     pass
+
+
+def test_a_recorded_position_that_cannot_be_right_leaves_the_file_as_it_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A feed position read back from the database is hostile: a negative one cuts
+    nothing, and says so in one line."""
+    from types import SimpleNamespace
+
+    from scrapy_reliability.config import Config
+    from scrapy_reliability.scheduling.feed_output import FeedOutput
+
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2}\n')
+    (feed,), _ = exact_feeds([_exporter({str(path): {"format": "jsonlines"}})], "h")
+    ctx = SimpleNamespace(config=Config(), log=dict, stats=None)
+    output = FeedOutput(ctx)  # type: ignore[arg-type]
+    output._cut(feed, -5, 3, True)
+    assert path.read_bytes() == b'{"a": 1}\n{"a": 2}\n'
+    assert "cannot be right" in caplog.text

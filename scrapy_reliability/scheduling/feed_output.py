@@ -133,6 +133,14 @@ class FeedOutput:
 
     def _cut(self, feed: _feeds.ExactFeed, position: int, items: int, earlier: bool) -> None:
         size = feed.path.stat().st_size if feed.path.is_file() else 0
+        if position < 0 or items < 0:  # a row read back from the database: hostile
+            logger.warning(
+                "Feed %(path)s: its recorded position (%(position)d bytes, %(items)d items) "
+                "cannot be right; it is continued as it is",
+                {"path": feed.path, "position": position, "items": items},
+                extra=self.ctx.log(),
+            )
+            return
         if size < position:
             logger.warning(
                 "Feed %(path)s holds %(size)d bytes, less than the %(position)d this run "

@@ -216,6 +216,23 @@ def two_workers(
     return a, b
 
 
+def sessions(admin: Any) -> str:
+    """The test database's sessions as the server sees them, one line each: for a
+    failure's message (who holds what, who waits on whom)."""
+    query = text(
+        "SELECT pid, application_name AS app, state, wait_event_type AS wtype, "
+        "wait_event AS wevent, round(extract(epoch FROM now() - xact_start)) AS xact_s, "
+        "pg_blocking_pids(pid) AS blockers, left(query, 70) AS query "
+        "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    with admin.connect() as conn:
+        return "\n".join(
+            f"  {r.pid} {r.app or '-'} {r.state} {r.wtype}/{r.wevent} xact {r.xact_s} s "
+            f"blocked by {r.blockers}: {r.query}"
+            for r in conn.execute(query)
+        )
+
+
 def frozen_in_transaction(admin: Any, proc: subprocess.Popen[bytes], app: str) -> None:
     """SIGSTOP ``proc`` while its session ``app`` is idle inside a claim's
     transaction, past the lock of its domains' rows (checked once it is stopped:
@@ -269,6 +286,7 @@ def test_a_worker_frozen_or_cut_off_inside_a_transaction_does_not_stop_the_other
                         tmp_path, site, a_url, postgres_url, run
                     )
                     started = time.monotonic()
+                    seen: list[str] = []  # the sessions during a freeze (for a failure)
                     # A starts first: the fleet's 12 slots (3 domains, 4 at once) go to
                     # whoever claims first, and a B that took them all would leave A
                     # nothing to hold when the fault comes.
@@ -286,7 +304,10 @@ def test_a_worker_frozen_or_cut_off_inside_a_transaction_does_not_stop_the_other
                         time.sleep(0.05)
                     if run == "frozen":
                         frozen_in_transaction(admin, a_proc, "worker-a")
-                        time.sleep(60)
+                        for second in (5, 15, 35, 55):
+                            time.sleep(5 if second == 5 else 20 if second > 15 else 10)
+                            seen.append(f"{second} s into the freeze:\n{sessions(admin)}")
+                        time.sleep(5)
                         a_proc.send_signal(signal.SIGCONT)
                     elif run == "partitioned":
                         proxy.blackhole_in_transaction(*DOMAIN_LOCK)
@@ -301,7 +322,8 @@ def test_a_worker_frozen_or_cut_off_inside_a_transaction_does_not_stop_the_other
                         raise AssertionError(
                             f"{run}: the job was not done {budget:.0f} s after it started "
                             f"(a quiet run took {timings.get('quiet', 0):.0f} s):\n"
-                            f"B: {b.log()[-2500:]}\nA: {a.log()[-2500:]}"
+                            f"B: {b.log()[-2500:]}\nA: {a.log()[-2500:]}\n"
+                            + "\n".join([*seen, f"at the timeout:\n{sessions(admin)}"])
                         ) from None
                     timings[run] = time.monotonic() - started
                     proxy.passing()

@@ -14,6 +14,8 @@ with the same settings would; ``--database-url`` and ``--job`` override):
 * ``report SPIDER -o FILE``: one self-contained HTML file with charts and tables
   (progress over time, outcomes, error classes, domains, oldest pending, dead letters).
 * ``requeue SPIDER``: dead requests back to pending (by class, domain, age).
+* ``pause SPIDER --domain D`` and ``resume SPIDER --domain D``: for every worker.
+* ``stop SPIDER``: every live worker of the job closes as Ctrl-C would.
 * ``purge SPIDER``: delete dead letters, drop pending requests, a whole job, or
   the tombstone of a job that moved away (``--tombstone``).
 * ``move SPIDER --to URL``: copy the job (every run and row) to another database,
@@ -53,7 +55,7 @@ from scrapy_reliability.commands.rekey import rekey
 from scrapy_reliability.commands.report import write_report
 from scrapy_reliability.commands.report_html import ReportAssetMissing
 from scrapy_reliability.commands.reports import show_dead, show_domains, show_status
-from scrapy_reliability.commands.steer import pause_domains, resume_domains
+from scrapy_reliability.commands.steer import pause_domains, resume_domains, stop_job
 from scrapy_reliability.config import SettingError
 from scrapy_reliability.frontier.errors import FrontierError, first_line
 
@@ -73,6 +75,7 @@ HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
     "requeue": requeue_dead,
     "pause": pause_domains,
     "resume": resume_domains,
+    "stop": stop_job,
     "purge": purge,
     "move": move_job,
     "rekey": rekey,
@@ -112,7 +115,8 @@ class FrontierCommand(ScrapyCommand):
             "dead SPIDER (list, --output FILE to export); report SPIDER -o FILE (an HTML "
             "report with charts, opens offline); requeue SPIDER (dead requests "
             "back to pending); pause SPIDER --domain D [--for DURATION] and resume "
-            "SPIDER --domain D (for every worker, at once); purge SPIDER (--dead-letters, "
+            "SPIDER --domain D (for every worker, at once); stop SPIDER (every worker "
+            "closes as Ctrl-C would); purge SPIDER (--dead-letters, "
             "--pending, --whole-job or --tombstone, with --yes); move SPIDER --to URL "
             "(copy the job to another database, leave a tombstone; --delete-source); "
             "rekey SPIDER "

@@ -16,6 +16,9 @@ from scrapy.exceptions import UsageError
 
 from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.commands.report_html import render
+from scrapy_reliability.commands.reports import AUDIT_ROWS
+from scrapy_reliability.frontier import audit
+from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.history import History, Slice, Timeline
 from scrapy_reliability.frontier.inspect import DomainInfo
 from scrapy_reliability.frontier.politeness import DomainState, Politeness
@@ -43,6 +46,8 @@ def write_report(ctx: Context, args: list[str]) -> None:
     status = inspector.status(job, now=ctx.now)
     limits, limits_from = ctx.limits(job, spider)
     dead = slice_json(history.dead_letters(job.id, limit=dead_rows))
+    with reading(inspector.engine) as conn:
+        actions = audit.latest(conn, job.id, AUDIT_ROWS)
     domains = domains_json(status.domains, limits, ctx.now)
     data: dict[str, Any] = {
         "generated_at": ctx.now,
@@ -53,6 +58,7 @@ def write_report(ctx: Context, args: list[str]) -> None:
         "dead_by_class": status.dead_by_class,
         "expired_leases": status.expired_leases,
         "workers": [asdict(w) for w in status.workers],
+        "operator_actions": [asdict(a) for a in actions],
         "timeline": timeline_json(history.timeline(job.id)),
         "domains": domains,
         "oldest_pending": slice_json(history.oldest_pending(job.id, limit=PENDING_ROWS)),

@@ -17,7 +17,7 @@ from scrapy_reliability import _jobs
 from scrapy_reliability.commands.context import Context, JobGone
 from scrapy_reliability.commands.text import ago, clip, iso, table, when
 from scrapy_reliability.config import Config
-from scrapy_reliability.frontier import adaptive, item_sink, liveness, steering
+from scrapy_reliability.frontier import adaptive, audit, item_sink, liveness, steering
 from scrapy_reliability.frontier import feeds as frontier_feeds
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.inspect import DomainInfo, WorkerInfo
@@ -46,6 +46,8 @@ def show_status(ctx: Context, args: list[str]) -> None:
     limits, limits_from = ctx.limits(job, spider)
     states = worker_states(inspector.engine, status.workers, ctx.now, ctx.config(spider))
     feeds = frontier_feeds.positions(inspector.engine, job.id)
+    with reading(inspector.engine) as conn:
+        actions = audit.latest(conn, job.id, AUDIT_ROWS)
     sink = ctx.config(spider).output.items_table
     in_sink = None if sink is None else item_sink.stored(inspector.engine, sink, job.id)
     if ctx.opts.json:
@@ -68,6 +70,7 @@ def show_status(ctx: Context, args: list[str]) -> None:
                     for feed, at in feeds.items()
                 ],
                 "items_table": None if sink is None else {"name": sink, "items": in_sink},
+                "operator_actions": [asdict(a) for a in actions],
             }
         )
         return
@@ -125,6 +128,18 @@ def show_status(ctx: Context, args: list[str]) -> None:
             )
     else:
         out("Workers: none running")
+    if actions:
+        out("")
+        out(f"Operator actions (the latest {len(actions)}; scrapy frontier pause, resume, stop):")
+        out(
+            table(
+                ["when", "who", "action", "what"],
+                [
+                    [audit.shown_time(a.at), clip(a.who, 40), a.action, clip(a.detail, 60)]
+                    for a in actions
+                ],
+            )
+        )
     if sink is not None:
         out("")
         stored = "no such table yet" if in_sink is None else f"{in_sink} items of this run"
@@ -137,6 +152,10 @@ def show_status(ctx: Context, args: list[str]) -> None:
                 ["feed", "items", "bytes"], [[f, at.items, at.position] for f, at in feeds.items()]
             )
         )
+
+
+#: The operator actions ``status`` shows (the latest).
+AUDIT_ROWS = 10
 
 
 def worker_states(

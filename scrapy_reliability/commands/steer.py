@@ -1,19 +1,26 @@
-"""``scrapy frontier pause SPIDER --domain D [--for DURATION]`` and ``resume SPIDER
---domain D``: steer a job, live or not, from any machine that reaches its database
-(``frontier/steering.py``). On PostgreSQL the job's live workers see a pause within a
-second; a SQLite frontier is changed only while no crawl runs on it (its lock)."""
+"""``scrapy frontier pause SPIDER --domain D [--for DURATION]``, ``resume SPIDER
+--domain D`` and ``stop SPIDER``: steer a job, live or not, from any machine that
+reaches its database (``frontier/steering.py``), each recorded in the audit trail
+(``frontier/audit.py``). On PostgreSQL the job's live workers see a pause or a stop
+within a second; a SQLite frontier is paused or resumed only while no crawl runs on
+it (its lock), and its crawl is stopped with SIGINT, as Ctrl-C would (it runs on
+this host: the lock is a local file's)."""
 
 from __future__ import annotations
 
-import getpass
-import socket
+import os
+import signal
+import time
 from typing import Any
 
 from scrapy.exceptions import UsageError
 
 from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.commands.text import when
-from scrapy_reliability.frontier import steering
+from scrapy_reliability.frontier import audit, dialect, steering
+from scrapy_reliability.frontier.errors import FrontierLocked
+from scrapy_reliability.frontier.inspect import Inspector
+from scrapy_reliability.frontier.reports import JobInfo
 from scrapy_reliability.retrypass import parse_duration
 
 
@@ -33,14 +40,6 @@ def _domains(ctx: Context, verb: str) -> list[str]:
     return sorted(set(names))
 
 
-def _who() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no user name for this uid (a container)
-        user = "?"
-    return f"{user}@{socket.gethostname()}"
-
-
 def pause_domains(ctx: Context, args: list[str]) -> None:
     spider = ctx.one_spider(args)
     names = _domains(ctx, "pause")
@@ -48,11 +47,18 @@ def pause_domains(ctx: Context, args: list[str]) -> None:
     inspector, job = ctx.job(spider, change="pause")
     until = ctx.now + (span or steering.UNTIL_RESUMED)
     with ctx.writing():
-        steering.pause(inspector.engine, job.id, names, until=until, who=_who(), now=ctx.now)
+        steering.pause(
+            inspector.engine, job.id, names, until=until, who=audit.operator(), now=ctx.now
+        )
     shown = when(until, ctx.now) if span else "until resumed"
     if ctx.opts.json:
         ctx.print_json(
-            {"job": job.name, "paused": names, "until": until if span else None, "by": _who()}
+            {
+                "job": job.name,
+                "paused": names,
+                "until": until if span else None,
+                "by": audit.operator(),
+            }
         )
         return
     ctx.out(
@@ -67,7 +73,9 @@ def resume_domains(ctx: Context, args: list[str]) -> None:
     names = _domains(ctx, "resume")
     inspector, job = ctx.job(spider, change="resume")
     with ctx.writing():
-        resumed = steering.resume(inspector.engine, job.id, names, ctx.now)
+        resumed = steering.resume(
+            inspector.engine, job.id, names, who=audit.operator(), now=ctx.now
+        )
     if ctx.opts.json:
         result: dict[str, Any] = {"job": job.name, "resumed": resumed}
         ctx.print_json(result)
@@ -77,3 +85,124 @@ def resume_domains(ctx: Context, args: list[str]) -> None:
         return
     for name, due in sorted(resumed.items()):
         ctx.out(f"Resumed {name} in job {job.name}: {due} requests that waited are due now.")
+
+
+#: How long ``stop`` waits to see the workers it asked go.
+STOP_WAIT_SECONDS = 20.0
+
+
+def stop_job(ctx: Context, args: list[str]) -> None:
+    """``stop``: every live worker of the job closes as Ctrl-C would (requests in
+    flight finish, the rest go back to pending); waits up to
+    :data:`STOP_WAIT_SECONDS` to see them go."""
+    spider = ctx.one_spider(args)
+    inspector, job = ctx.job(spider, change="stop")
+    who = audit.operator()
+    if dialect.is_sqlite(inspector.engine):
+        asked, gone = _stop_sqlite(ctx, inspector, job, who)
+    else:
+        asked, gone = _stop_postgres(ctx, spider, inspector, job, who)
+    left = sorted(set(asked) - set(gone))
+    if ctx.opts.json:
+        ctx.print_json(
+            {"job": job.name, "by": who, "asked": asked, "stopped": gone, "still_running": left}
+        )
+        if left:
+            raise CommandFailed(f"{len(left)} workers still run after {STOP_WAIT_SECONDS:.0f} s")
+        return
+    if not asked:
+        ctx.out(f"No worker of job {job.name} is running: nothing to stop.")
+        return
+    resume = f"scrapy crawl {spider}" if spider else "the same crawl command"
+    if not left:
+        ctx.out(
+            f"Stopped job {job.name}: {len(gone)} workers closed (requests in flight finished, "
+            f"the rest went back to pending). `{resume}` resumes it."
+        )
+        return
+    raise CommandFailed(
+        f"asked {len(asked)} workers of job {job.name} to stop; {', '.join(left)} still run "
+        f"after {STOP_WAIT_SECONDS:.0f} s (a worker reads the stop within a second unless its "
+        "database link is down: see its log)"
+    )
+
+
+def _stop_postgres(
+    ctx: Context, spider: str | None, inspector: Inspector, job: JobInfo, who: str
+) -> tuple[list[str], list[str]]:
+    since = ctx.now - ctx.config(spider).lease_seconds
+    live = sorted(w.id for w in inspector.live_workers(job.name, since=since))
+    if not live:
+        return [], []
+    steering.request_stop(
+        inspector.engine, job.id, f"{len(live)} live workers", who=who, now=ctx.now
+    )
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    while True:
+        gone = [w for w in live if _stopped(inspector, w)]
+        if len(gone) == len(live) or time.monotonic() >= deadline:
+            return live, gone
+        time.sleep(0.2)
+
+
+def _stopped(inspector: Inspector, worker_id: str) -> bool:
+    found = inspector.worker(worker_id)
+    return found is None or found.stopped_at is not None
+
+
+def _stop_sqlite(
+    ctx: Context, inspector: Inspector, job: JobInfo, who: str
+) -> tuple[list[str], list[str]]:
+    """The crawl that holds the SQLite frontier's lock (its pid is in the lock
+    file) gets SIGINT; gone once the lock is free."""
+    lock = dialect.SqliteProcessLock(inspector.engine.url)
+    try:
+        lock.acquire()
+    except FrontierLocked:
+        pass
+    else:
+        lock.release()
+        return [], []  # no crawl runs on it
+    pid = _holder(lock)
+    if pid is None:
+        raise CommandFailed(
+            f"a crawl holds {lock.path} but its pid cannot be read from it; stop that "
+            "crawl with Ctrl-C (or kill -INT) where it runs"
+        )
+    # The audit table takes an append while the crawl runs: one short write.
+    with inspector.engine.begin() as conn:
+        audit.record(
+            conn, job.id, audit.STOP, f"the crawl of pid {pid} (SIGINT)", who=who, at=ctx.now
+        )
+    try:
+        os.kill(pid, signal.SIGINT)
+    except ProcessLookupError:
+        return [], []
+    except PermissionError:
+        raise CommandFailed(
+            f"the crawl (pid {pid}) runs as another user: run this command as that user"
+        ) from None
+    name = f"pid {pid}"
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            lock.acquire()
+        except FrontierLocked:
+            time.sleep(0.2)
+            continue
+        lock.release()
+        return [name], [name]
+    return [name], []
+
+
+def _holder(lock: dialect.SqliteProcessLock) -> int | None:
+    """The pid the lock file names (``pid N``), checked: a positive int."""
+    if lock.path is None:
+        return None
+    try:
+        words = lock.path.read_text(errors="replace").split()
+    except OSError:
+        return None
+    if len(words) == 2 and words[0] == "pid" and words[1].isdigit() and int(words[1]) > 0:
+        return int(words[1])
+    return None

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, delete, func, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
+from scrapy_reliability.frontier.move import job_tables
 from scrapy_reliability.frontier.reports import DeadFilter
 from scrapy_reliability.frontier.schema import (
     DEAD,
@@ -17,12 +18,8 @@ from scrapy_reliability.frontier.schema import (
     JOB_RUNNING,
     PENDING,
     dead_letters,
-    domains,
-    feed_positions,
-    fingerprints,
     jobs,
     requests,
-    workers,
 )
 
 # Rows per IN (...) list: far below SQLite's bound-parameter limit.
@@ -158,7 +155,8 @@ def purge_pending(
 def purge_job(conn: Connection, name: str, *, dry_run: bool) -> dict[str, int]:
     """See :meth:`Inspector.purge_job`."""
     ids = select(jobs.c.id).where(jobs.c.name == name).scalar_subquery()
-    tables = (dead_letters, requests, domains, workers, fingerprints, feed_positions, jobs)
+    # Every table keyed by a job (the ones ``move`` copies), then the jobs rows.
+    tables = list(reversed(job_tables()))
     removed: dict[str, int] = {}
     for table in tables:
         where = table.c.id.in_(ids) if table is jobs else table.c.job_id.in_(ids)

@@ -271,6 +271,22 @@ feed_positions = Table(
     Column("updated_at", Float, nullable=False),
 )
 
+#: What operators did to a job from outside (``scrapy frontier pause``, ``resume``,
+#: ``stop``): who (user@host), when, what. Shown by ``status`` and the HTML report;
+#: a worker stops at a ``stop`` row newer than the newest it saw when it started.
+audit = Table(
+    "reliability_audit",
+    metadata,
+    Column("id", _BigId, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, ForeignKey("reliability_jobs.id"), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("who", String(255), nullable=False),
+    Column("action", String(32), nullable=False),
+    # What it changed, for people: "example.com until resumed", "2 live workers".
+    Column("detail", Text, nullable=False),
+    Index("ix_reliability_audit_job_id", "job_id", "id"),
+)
+
 #: Tombstones: a job that ``scrapy frontier move`` copied to another database. The
 #: source keeps one row per job name, so a crawl, retry pass or operator write on the
 #: old home refuses with a line naming the new one. Not keyed by job id: it outlives

@@ -1,22 +1,24 @@
-"""An operator's pauses: ``scrapy frontier pause`` and ``resume`` of a domain.
+"""An operator's steering: ``scrapy frontier pause`` and ``resume`` of a domain,
+``stop`` of a job (each recorded in the audit trail, ``audit.py``).
 
 A pause is the domain row's ``paused_until`` (the one Retry-After and ban signals
 set), with ``pause_reason`` naming who paused it and when: every claim of every
 worker honours it, and it survives restarts. Workers of a live PostgreSQL job read
 the job's pauses every second (:func:`paused_domains`), so requests they already
 hold for a paused domain go back to pending instead of starting. A resume clears
-the pause and makes the rows that waited for it due at once.
+the pause and makes the rows that waited for it due at once. A stop is an audit
+row that live workers read with the pauses (:func:`read`) and stop at, gracefully.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, and_, select, update
 
-from scrapy_reliability.frontier import dialect
+from scrapy_reliability.frontier import audit, dialect
 from scrapy_reliability.frontier.domains import new_row
 from scrapy_reliability.frontier.schema import PENDING, domains, requests
 
@@ -46,7 +48,8 @@ def pause(
 ) -> None:
     """Pause ``names`` (every worker, across restarts) until ``until``."""
     insert = dialect.insert_ignore(domains, engine)
-    reason = f"{REASON_PREFIX}{who} at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(now))}"
+    reason = f"{REASON_PREFIX}{who} at {audit.shown_time(now)}"
+    shown = "until resumed" if until - now >= UNTIL_RESUMED / 2 else f"for {until - now:.0f} s"
     with engine.begin() as conn:
         conn.execute(insert.values([new_row(job_id, name, now) for name in names]))
         conn.execute(
@@ -54,9 +57,12 @@ def pause(
             .where(domains.c.job_id == job_id, domains.c.domain.in_(list(names)))
             .values(paused_until=until, pause_reason=reason)
         )
+        audit.record(conn, job_id, audit.PAUSE, f"{', '.join(names)} {shown}", who=who, at=now)
 
 
-def resume(engine: Engine, job_id: int, names: Sequence[str], now: float) -> dict[str, int]:
+def resume(
+    engine: Engine, job_id: int, names: Sequence[str], *, who: str, now: float
+) -> dict[str, int]:
     """End the pauses of ``names`` (whoever set them). Returns, for each domain that
     was paused, how many pending rows waited for that pause and are due now."""
     resumed: dict[str, int] = {}
@@ -76,6 +82,8 @@ def resume(engine: Engine, job_id: int, names: Sequence[str], now: float) -> dic
                 .where(domains.c.job_id == job_id, domains.c.domain.in_([r.domain for r in rows]))
                 .values(paused_until=0.0, pause_reason=None)
             )
+            shown = ", ".join(f"{d} ({n} due now)" for d, n in sorted(resumed.items()))
+            audit.record(conn, job_id, audit.RESUME, shown, who=who, at=now)
     return resumed
 
 
@@ -101,9 +109,41 @@ def _due_now(conn: Connection, job_id: int, domain: str, until: float, now: floa
 def paused_domains(engine: Engine, job_id: int, now: float) -> dict[str, float]:
     """The job's domains paused now, and until when."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(domains.c.domain, domains.c.paused_until).where(
-                domains.c.job_id == job_id, domains.c.paused_until > now
-            )
-        ).all()
-    return {r.domain: float(r.paused_until) for r in rows}
+        return _paused(conn, job_id, now)
+
+
+def _paused(conn: Connection, job_id: int, now: float) -> dict[str, float]:
+    rows = conn.execute(
+        select(domains.c.domain, domains.c.paused_until).where(
+            domains.c.job_id == job_id, domains.c.paused_until > now
+        )
+    )
+    return {str(r.domain): float(r.paused_until) for r in rows}
+
+
+@dataclass(frozen=True)
+class Steer:
+    """What a live worker reads every second: the job's pauses (domain -> until);
+    the newest audit id (``mark``, asked for with ``mark=None``: at its start); the
+    first ``stop`` after the mark it gave."""
+
+    pauses: dict[str, float]
+    mark: int
+    stop: audit.Entry | None
+
+
+def read(engine: Engine, job_id: int, now: float, mark: int | None) -> Steer:
+    """The job's pauses and, past ``mark``, a stop (one connection, two indexed
+    queries; the first read of a worker gives it its mark)."""
+    with engine.connect() as conn:
+        pauses = _paused(conn, job_id, now)
+        if mark is None:
+            return Steer(pauses, audit.newest(conn, job_id), None)
+        return Steer(pauses, mark, audit.stop_after(conn, job_id, mark))
+
+
+def request_stop(engine: Engine, job_id: int, detail: str, *, who: str, now: float) -> int:
+    """Ask every live worker of the job to stop (they read it within a second);
+    returns the audit row's id."""
+    with engine.begin() as conn:
+        return audit.record(conn, job_id, audit.STOP, detail, who=who, at=now)

@@ -6,7 +6,9 @@ paused by ``scrapy frontier pause`` (or by another worker's Retry-After) is
 mirrored in :class:`LocalPoliteness`, so the requests this worker already holds
 for it go back to pending instead of starting; a pause learned here that ended
 early (``scrapy frontier resume``) is dropped and the worker claims again at once.
-A SQLite frontier has one process and is changed only while no crawl runs.
+The same read finds a ``scrapy frontier stop`` made after this worker started (see
+``frontier/audit.py``): the worker closes as Ctrl-C would. A SQLite frontier has
+one process and is changed only while no crawl runs (``stop`` signals it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet import task
 
 from scrapy_reliability._executor import looping_call
-from scrapy_reliability.frontier import clock, steering
+from scrapy_reliability.frontier import audit, clock, steering
+from scrapy_reliability.scheduling import engine
 
 if TYPE_CHECKING:
     from scrapy_reliability.scheduling.claims import ClaimBuffer
@@ -46,13 +49,15 @@ class Steering:
         self._reading: Future[Any] | None = None
         # Pauses learned from the database (not this worker's own Retry-After).
         self._learned: dict[str, float] = {}
+        # The newest audit row when this worker started: a stop after it is for it.
+        self._mark: int | None = None
 
     def start(self) -> None:
         frontier = self.ctx.frontier
         if frontier is None or frontier.engine.dialect.name == "sqlite":
             return
         self._call = looping_call(self.ctx.clock, self._read)
-        self._call.start(STEER_SECONDS, now=False)
+        self._call.start(STEER_SECONDS, now=True)
 
     def stop(self) -> None:
         if self._call is not None and self._call.running:
@@ -63,14 +68,38 @@ class Steering:
         if ctx.job is None or ctx.frontier is None or ctx.closing or self._reading is not None:
             return
         self._reading = self._submit(
-            steering.paused_domains, self._read_done, ctx.frontier.engine, ctx.job.id, clock.now()
+            steering.read,
+            self._read_done,
+            ctx.frontier.engine,
+            ctx.job.id,
+            clock.now(),
+            self._mark,
         )
 
-    def _read_done(self, future: Future[dict[str, float]]) -> None:
+    def _read_done(self, future: Future[steering.Steer]) -> None:
         self._reading = None
         if future.exception() is not None or self.ctx.closing:
             return  # the heartbeat reports a database in trouble
-        self.apply(future.result())
+        found = future.result()
+        self._mark = found.mark
+        if found.stop is not None:
+            self._stop(found.stop)
+            return
+        self.apply(found.pauses)
+
+    def _stop(self, stop: audit.Entry) -> None:
+        """``scrapy frontier stop``: close as Ctrl-C would (requests in flight
+        finish; the rest go back to pending; the same command resumes)."""
+        ctx = self.ctx
+        ctx.stats.set_value("reliability/stopped_by", stop.who)
+        logger.warning(
+            "Stopping: scrapy frontier stop by %(who)s at %(at)s. Requests in flight finish, "
+            "the rest go back to pending; run the same command again to resume",
+            {"who": stop.who, "at": audit.shown_time(stop.at)},
+            extra=ctx.log(),
+        )
+        self.stop()
+        engine.stop_crawl(ctx.crawler, "shutdown")
 
     def apply(self, found: dict[str, float]) -> None:
         """Mirror the job's pauses ``found`` (domain -> until)."""

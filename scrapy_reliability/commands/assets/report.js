@@ -139,6 +139,17 @@
         ["leases", function (w) { return w.leases; }, "num"]
       ], data.workers).node);
     }
+    var actions = data.operator_actions || [];
+    if (actions.length) {
+      body.appendChild(el("p", "Operator actions (the latest " + actions.length +
+        "; scrapy frontier pause, resume, stop):", "meta"));
+      body.appendChild(table([
+        ["when", function (a) { return iso(a.at); }],
+        ["who", function (a) { return a.who; }, "text"],
+        ["action", function (a) { return a.action; }, "text"],
+        ["what", function (a) { return a.detail; }, "text"]
+      ], actions).node);
+    }
   }
 
   function timelines() {

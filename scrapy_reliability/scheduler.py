@@ -285,7 +285,7 @@ class Scheduler(BaseScheduler):
             or in_flight - self._writes.held_transitions() >= self.max_in_flight
         ):
             return None
-        if self._politeness.paused:
+        if self._politeness.paused or self._politeness.relimited:
             claims.ready = self._outcomes.return_paused(claims.ready)
         slots, per_domain = engine.download_slots(self.crawler)
         now = self._ctx.clock.seconds()

@@ -15,6 +15,8 @@ with the same settings would; ``--database-url`` and ``--job`` override):
   (progress over time, outcomes, error classes, domains, oldest pending, dead letters).
 * ``requeue SPIDER``: dead requests back to pending (by class, domain, age).
 * ``pause SPIDER --domain D`` and ``resume SPIDER --domain D``: for every worker.
+* ``limit SPIDER --domain D [--rate R] [--concurrency N]`` (``--reset``): limits for
+  every worker at once, over what was configured or learned, kept by the next runs.
 * ``stop SPIDER``: every live worker of the job closes as Ctrl-C would.
 * ``purge SPIDER``: delete dead letters, drop pending requests, a whole job, or
   the tombstone of a job that moved away (``--tombstone``).
@@ -55,7 +57,12 @@ from scrapy_reliability.commands.rekey import rekey
 from scrapy_reliability.commands.report import write_report
 from scrapy_reliability.commands.report_html import ReportAssetMissing
 from scrapy_reliability.commands.reports import show_dead, show_domains, show_status
-from scrapy_reliability.commands.steer import pause_domains, resume_domains, stop_job
+from scrapy_reliability.commands.steer import (
+    limit_domains,
+    pause_domains,
+    resume_domains,
+    stop_job,
+)
 from scrapy_reliability.config import SettingError
 from scrapy_reliability.frontier.errors import FrontierError, first_line
 
@@ -75,6 +82,7 @@ HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
     "requeue": requeue_dead,
     "pause": pause_domains,
     "resume": resume_domains,
+    "limit": limit_domains,
     "stop": stop_job,
     "purge": purge,
     "move": move_job,
@@ -115,7 +123,8 @@ class FrontierCommand(ScrapyCommand):
             "dead SPIDER (list, --output FILE to export); report SPIDER -o FILE (an HTML "
             "report with charts, opens offline); requeue SPIDER (dead requests "
             "back to pending); pause SPIDER --domain D [--for DURATION] and resume "
-            "SPIDER --domain D (for every worker, at once); stop SPIDER (every worker "
+            "SPIDER --domain D (for every worker, at once); limit SPIDER --domain D "
+            "[--rate R] [--concurrency N] (--reset); stop SPIDER (every worker "
             "closes as Ctrl-C would); purge SPIDER (--dead-letters, "
             "--pending, --whole-job or --tombstone, with --yes); move SPIDER --to URL "
             "(copy the job to another database, leave a tombstone; --delete-source); "
@@ -147,8 +156,8 @@ class FrontierCommand(ScrapyCommand):
             action="append",
             default=[],
             metavar="DOMAIN",
-            help="dead, requeue, purge, cache: only this domain; pause, resume: the domain "
-            "(repeat or comma-separate)",
+            help="dead, requeue, purge, cache: only this domain; pause, resume, limit: the "
+            "domain (repeat or comma-separate)",
         )
         group.add_argument(
             "--older-than",
@@ -205,6 +214,19 @@ class FrontierCommand(ScrapyCommand):
             dest="for_",
             metavar="DURATION",
             help="pause: for this long (90s, 30m, 6h, 2d; default: until resumed)",
+        )
+        group.add_argument(
+            "--rate", metavar="R", help="limit: requests per second for the domain (0: no limit)"
+        )
+        group.add_argument(
+            "--concurrency",
+            metavar="N",
+            help="limit: requests of the domain at once, over every worker (0: no cap)",
+        )
+        group.add_argument(
+            "--reset",
+            action="store_true",
+            help="limit: remove the limits set on the domain (its configured ones hold)",
         )
         group.add_argument(
             "--delete-source",

@@ -21,7 +21,7 @@ from scrapy_reliability.frontier import adaptive, audit, item_sink, liveness, st
 from scrapy_reliability.frontier import feeds as frontier_feeds
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.inspect import DomainInfo, WorkerInfo
-from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
+from scrapy_reliability.frontier.politeness import DomainLimits, Politeness, overridden
 from scrapy_reliability.frontier.reports import learned_text
 from scrapy_reliability.frontier.schema import STATES
 from scrapy_reliability.frontier.tombstone import Tombstone
@@ -202,7 +202,7 @@ def show_domains(ctx: Context, args: list[str]) -> None:
                 "job": asdict(job),
                 "limits": _limits_json(limits, limits_from),
                 "domains": [
-                    {**asdict(d), "limits": asdict(limits.limits_for(d.domain))} for d in domains
+                    {**asdict(d), "limits": asdict(_limits_of(d, limits))} for d in domains
                 ],
             }
         )
@@ -289,6 +289,9 @@ def _limits_json(limits: Politeness, source: str) -> dict[str, Any]:
 def _rate_text(d: DomainInfo, limits: Politeness | None, ctx: Context) -> str:
     """The domain's rate now: ``4/s (configured)``, or what its adaptive rate
     learned, ``2.7/s (learned limit 3/s, holding until 13:42)``."""
+    if d.set_limit is not None and d.set_limit.rate is not None:
+        rate = d.set_limit.rate
+        return f"{'unlimited' if not rate else f'{rate:.3g}/s'} ({d.set_limit.reason})"
     if limits is None:
         return f"learned {d.adaptive.limit:.3g}/s" if d.adaptive.limit > 0 else "-"
     configured = limits.limits_for(d.domain).rate
@@ -343,12 +346,20 @@ def _domain_table(
                 else ("now" if d.next_due <= ctx.now else when(d.next_due, ctx.now))
             )
             if limits is not None:
-                row.append(domain_limits_text(limits.limits_for(d.domain)))
+                row.append(domain_limits_text(_limits_of(d, limits)))
         rows.append(row)
     text = table(headers, rows)
     if len(shown) < len(ordered):
         text += f"\n({len(ordered) - len(shown)} more domains: --limit 0 shows all)"
     return text
+
+
+def _limits_of(d: DomainInfo, limits: Politeness) -> DomainLimits:
+    """The domain's configured limits with the ones an operator set in their place."""
+    configured = limits.limits_for(d.domain)
+    if d.set_limit is None:
+        return configured
+    return overridden(configured, d.set_limit.rate, d.set_limit.concurrency)
 
 
 def _paused_text(until: float, now: float) -> str:

@@ -1,13 +1,15 @@
 """``scrapy frontier pause SPIDER --domain D [--for DURATION]``, ``resume SPIDER
---domain D`` and ``stop SPIDER``: steer a job, live or not, from any machine that
+--domain D``, ``limit SPIDER --domain D [--rate R] [--concurrency N]`` and ``stop
+SPIDER``: steer a job, live or not, from any machine that
 reaches its database (``frontier/steering.py``), each recorded in the audit trail
-(``frontier/audit.py``). On PostgreSQL the job's live workers see a pause or a stop
-within a second; a SQLite frontier is paused or resumed only while no crawl runs on
+(``frontier/audit.py``). On PostgreSQL the job's live workers see each within a
+second; a SQLite frontier is paused, resumed or limited only while no crawl runs on
 it (its lock), and its crawl is stopped with SIGINT, as Ctrl-C would (it runs on
 this host: the lock is a local file's)."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -20,6 +22,7 @@ from scrapy_reliability.commands.text import when
 from scrapy_reliability.frontier import audit, dialect, steering
 from scrapy_reliability.frontier.errors import FrontierLocked
 from scrapy_reliability.frontier.inspect import Inspector
+from scrapy_reliability.frontier.politeness import MAX_CONCURRENCY, MAX_RATE
 from scrapy_reliability.frontier.reports import JobInfo
 from scrapy_reliability.retrypass import parse_duration
 
@@ -85,6 +88,90 @@ def resume_domains(ctx: Context, args: list[str]) -> None:
         return
     for name, due in sorted(resumed.items()):
         ctx.out(f"Resumed {name} in job {job.name}: {due} requests that waited are due now.")
+
+
+def limit_domains(ctx: Context, args: list[str]) -> None:
+    """``limit``: set (or with ``--reset`` remove) a domain's rate and concurrency
+    for every worker of the job, at once and in its next runs."""
+    spider = ctx.one_spider(args)
+    names = _domains(ctx, "limit")
+    opts = ctx.opts
+    if opts.reset and (opts.rate is not None or opts.concurrency is not None):
+        raise UsageError("limit --reset takes no --rate or --concurrency")
+    if not opts.reset and opts.rate is None and opts.concurrency is None:
+        raise UsageError("limit needs --rate R, --concurrency N or both (or --reset)")
+    rate = None if opts.rate is None else _rate(opts.rate)
+    concurrency = None if opts.concurrency is None else _concurrency(opts.concurrency)
+    inspector, job = ctx.job(spider, change="limit")
+    who = audit.operator()
+    with ctx.writing():
+        if opts.reset:
+            removed = steering.reset_limits(inspector.engine, job.id, names, who=who, now=ctx.now)
+        else:
+            now_set = steering.set_limits(
+                inspector.engine,
+                job.id,
+                names,
+                rate=rate,
+                concurrency=concurrency,
+                who=who,
+                now=ctx.now,
+            )
+    if opts.reset:
+        if ctx.opts.json:
+            ctx.print_json({"job": job.name, "reset": removed, "by": who})
+        elif removed:
+            ctx.out(
+                f"Removed the limits set on {', '.join(removed)} in job {job.name}: their "
+                "configured limits hold again (live PostgreSQL workers within a second)."
+            )
+        else:
+            ctx.out(
+                f"None of {', '.join(names)} has limits set in job {job.name}; nothing changed."
+            )
+        return
+    if ctx.opts.json:
+        ctx.print_json(
+            {
+                "job": job.name,
+                "limits": [
+                    {"domain": s.domain, "rate": s.rate, "concurrency": s.concurrency}
+                    for s in now_set
+                ],
+                "by": who,
+            }
+        )
+        return
+    for limit in now_set:
+        ctx.out(f"Job {job.name}: {limit.text()}")
+    ctx.out(
+        "They hold for every worker (live PostgreSQL workers within a second), over the "
+        "configured and learned limits, and in the job's next runs; "
+        f"`scrapy frontier limit {spider or '<spider>'} --domain {names[0]} --reset` "
+        "removes them."
+    )
+
+
+def _rate(raw: str) -> float:
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = math.nan
+    if not (math.isfinite(rate) and 0 <= rate <= MAX_RATE):
+        raise UsageError(
+            f"--rate takes requests per second, a number from 0 (no limit) to {MAX_RATE:g}; "
+            f"got {raw!r}"
+        )
+    return rate
+
+
+def _concurrency(raw: str) -> int:
+    if not raw.strip().isdigit() or int(raw) > MAX_CONCURRENCY:
+        raise UsageError(
+            "--concurrency takes a whole number of requests at once, from 0 (no cap) to "
+            f"{MAX_CONCURRENCY}; got {raw!r}"
+        )
+    return int(raw)
 
 
 #: How long ``stop`` waits to see the workers it asked go.

@@ -1,6 +1,6 @@
 """The audit trail: what operators did to a job from outside, who, when.
 
-``scrapy frontier pause``, ``resume`` and ``stop`` each write one row (in the same
+``scrapy frontier pause``, ``resume``, ``limit`` and ``stop`` each write one row (in the same
 transaction as their change). ``status`` and the HTML report show the latest.
 
 A ``stop`` row is also the signal: a live PostgreSQL worker remembers the newest
@@ -25,8 +25,9 @@ from scrapy_reliability.frontier.schema import audit
 
 PAUSE = "pause"
 RESUME = "resume"
+LIMIT = "limit"
 STOP = "stop"
-ACTIONS = (PAUSE, RESUME, STOP)
+ACTIONS = (PAUSE, RESUME, LIMIT, STOP)
 #: The longest ``who`` and ``detail`` stored (a host name can be long).
 _WHO_MAX = 255
 _DETAIL_MAX = 2000

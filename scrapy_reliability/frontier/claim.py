@@ -306,6 +306,8 @@ class Claimer:
         for row in rows:
             state = states.get(row.domain)
             limits = policy.limits_for(row.domain)
+            if state is not None:
+                limits = state.limits(limits)
             domain_ready = 0.0
             if limits.concurrency and leased.get(row.domain, 0) >= limits.concurrency:
                 domain_ready = math.inf

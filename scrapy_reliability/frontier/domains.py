@@ -4,6 +4,7 @@ decreased by throttles and grown by successes."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -11,7 +12,12 @@ from sqlalchemy import Connection, Engine, bindparam, func, literal_column, or_,
 
 from scrapy_reliability.frontier import adaptive as ad
 from scrapy_reliability.frontier import dialect
-from scrapy_reliability.frontier.politeness import DomainState, Politeness
+from scrapy_reliability.frontier.politeness import (
+    MAX_CONCURRENCY,
+    MAX_RATE,
+    DomainState,
+    Politeness,
+)
 from scrapy_reliability.frontier.records import DomainUpdate, Transition
 from scrapy_reliability.frontier.schema import LEASED, domains, requests
 
@@ -91,8 +97,26 @@ def adaptive_state(row: Any) -> ad.AdaptiveState:
         return ad.AdaptiveState()
 
 
+def set_limits(row: Any) -> tuple[float | None, int | None]:
+    """The rate and concurrency an operator set on a domain row (None: not set). A
+    value that is no rate (negative, not finite) or no count is not set: the
+    configured limit holds."""
+    rate, concurrency = getattr(row, "set_rate", None), getattr(row, "set_concurrency", None)
+    try:
+        rate = None if rate is None else float(rate)
+        concurrency = None if concurrency is None else int(concurrency)
+    except (TypeError, ValueError, OverflowError):
+        return None, None
+    if rate is not None and not (math.isfinite(rate) and 0 <= rate <= MAX_RATE):
+        rate = None
+    if concurrency is not None and not 0 <= concurrency <= MAX_CONCURRENCY:
+        concurrency = None
+    return rate, concurrency
+
+
 def domain_state(row: Any, leased: int = 0) -> DomainState:
     """A ``reliability_domains`` row as the claim works with it."""
+    rate, concurrency = set_limits(row)
     return DomainState(
         row.domain,
         row.tat,
@@ -101,6 +125,8 @@ def domain_state(row: Any, leased: int = 0) -> DomainState:
         row.created_at,
         adaptive_state(row),
         leased=leased,
+        set_rate=rate,
+        set_concurrency=concurrency,
     )
 
 

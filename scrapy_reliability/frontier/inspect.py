@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from scrapy_reliability.frontier import clock, operations
+from scrapy_reliability.frontier import clock, operations, operator_limits
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.domains import adaptive_state, learned_states
 from scrapy_reliability.frontier.jobs import counts as state_counts
@@ -490,6 +490,7 @@ def _domains(conn: Connection, job_id: int, *, only: Sequence[str]) -> list[Doma
                 learned_ceiling=float(st.learned_ceiling or 0.0),
                 learned_at=float(st.learned_at or 0.0),
                 throttles=int(st.throttles or 0),
+                set_limit=operator_limits.of_row(st),
             )
         )
     return found

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, delete, func, select, update
 
-from scrapy_reliability.frontier import dialect, learned, operations
+from scrapy_reliability.frontier import dialect, learned, operations, operator_limits
 from scrapy_reliability.frontier.errors import JobFinished, JobMismatch
 from scrapy_reliability.frontier.records import UNPROCESSED_CLASSES, Job
 from scrapy_reliability.frontier.recrawl import RecrawlRules, Reopened, reopen_due
@@ -106,6 +106,7 @@ def open_job(
             previous_state=str(row.state),
             previous_ended_at=ended,
             learned=learned.review_running(conn, row.id, rules, now),
+            set_limits=operator_limits.held(conn, row.id),
         )
     generation = 1 if row is None else row.generation + 1
     job_id = conn.execute(
@@ -132,6 +133,7 @@ def open_job(
         previous_state=str(row.state),
         previous_ended_at=row.finished_at,
         learned=learned.carry(conn, row.id, job_id, rules, now),
+        set_limits=operator_limits.carry(conn, row.id, job_id, now),
     )
 
 

@@ -37,6 +37,11 @@ def longest_match(rules: Mapping[str, _V], host: str) -> _V | None:
     return None
 
 
+#: The largest rate (requests/s) and concurrency a limit takes.
+MAX_RATE = 1_000_000.0
+MAX_CONCURRENCY = 1_000_000
+
+
 @dataclass(frozen=True)
 class DomainLimits:
     #: Requests per second; 0 means no rate limit.
@@ -44,6 +49,19 @@ class DomainLimits:
     burst: int = 1
     #: Requests leased at once over all workers; 0 means no cap.
     concurrency: int = 0
+
+
+def overridden(
+    configured: DomainLimits, rate: float | None, concurrency: int | None
+) -> DomainLimits:
+    """``configured`` with a rate and a concurrency an operator set (None: not set)."""
+    if rate is None and concurrency is None:
+        return configured
+    return DomainLimits(
+        rate=configured.rate if rate is None else rate,
+        burst=configured.burst,
+        concurrency=configured.concurrency if concurrency is None else concurrency,
+    )
 
 
 @dataclass(frozen=True)
@@ -62,6 +80,9 @@ class Politeness:
     #: CONCURRENT_REQUESTS_PER_DOMAIN, kept by its downloader, not by the claim);
     #: stored for reports only. 0: not set by the project.
     per_worker: int = 0
+    #: The job has limits an operator set (``scrapy frontier limit``): every claim
+    #: reads its domains' rows, where they are, even with nothing configured.
+    steered: bool = False
 
     def limits_for(self, domain: str) -> DomainLimits:
         found = longest_match(self.overrides, domain)
@@ -112,7 +133,8 @@ class Politeness:
     @property
     def limits_anything(self) -> bool:
         return bool(
-            self.default.rate
+            self.steered
+            or self.default.rate
             or self.default.concurrency
             or any(o.rate or o.concurrency for o in self.overrides.values())
         )
@@ -153,12 +175,21 @@ class DomainState:
     #: The gap the last :meth:`try_take` put after its token (0: none): the
     #: domain's spacing, which the worker keeps between two requests it sends.
     spacing: float = 0.0
+    #: Limits an operator set (``scrapy frontier limit``; None: not set): they replace
+    #: the configured ones and win over what the adaptive rate learned.
+    set_rate: float | None = None
+    set_concurrency: int | None = None
+
+    def limits(self, configured: DomainLimits) -> DomainLimits:
+        """``configured`` with the operator's limits in place of its own."""
+        return overridden(configured, self.set_rate, self.set_concurrency)
 
     def effective_rate(self, limits: DomainLimits, policy: Politeness, now: float) -> float:
         """Requests per second for this domain now (0: unlimited)."""
+        limits = self.limits(limits)
         rate = 0.0
         if limits.rate:
-            params = policy.adaptive
+            params = policy.adaptive if self.set_rate is None else None
             rate = (
                 limits.rate
                 if params is None
@@ -178,7 +209,7 @@ class DomainState:
         if self.crawl_delay:
             return 1
         burst = max(1, limits.burst)
-        if policy.adaptive is not None:
+        if policy.adaptive is not None and self.set_rate is None:
             burst = ad.current_burst(self.adaptive, burst)
         return burst
 
@@ -211,6 +242,7 @@ class DomainState:
         worker holds it."""
         if self.paused_until > now:
             return None
+        limits = self.limits(limits)
         if limits.concurrency and self.leased >= limits.concurrency:
             return None
         rate = self.effective_rate(limits, policy, now)

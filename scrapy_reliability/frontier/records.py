@@ -79,6 +79,28 @@ class LearnedReview:
 
 
 @dataclass(frozen=True)
+class SetLimit:
+    """Limits an operator set on a domain (``scrapy frontier limit``); None: that
+    one is not set (the configured limit holds)."""
+
+    domain: str
+    rate: float | None
+    concurrency: int | None
+    reason: str
+
+    def text(self) -> str:
+        """``example.com: 2/s, at most 3 at once (set by ops@host at ...)``."""
+        parts = []
+        if self.rate is not None:
+            parts.append("no rate limit" if self.rate == 0 else f"{self.rate:g}/s")
+        if self.concurrency is not None:
+            parts.append(
+                "no cap at once" if self.concurrency == 0 else f"at most {self.concurrency} at once"
+            )
+        return f"{self.domain}: {', '.join(parts) or 'nothing'} ({self.reason})"
+
+
+@dataclass(frozen=True)
 class Job:
     id: int
     name: str
@@ -98,6 +120,8 @@ class Job:
     previous_ended_at: float | None = None
     #: What the job's domains had learned and whether this run applies it.
     learned: LearnedReview = field(default_factory=LearnedReview)
+    #: Limits an operator set that hold in this run (kept from the run before).
+    set_limits: tuple[SetLimit, ...] = ()
     #: Adopted from a stock JOBDIR (frontier/adoption.py): its start requests are
     #: keyed by fingerprint, as the fingerprints of Scrapy's requests.seen are.
     adopted: bool = False

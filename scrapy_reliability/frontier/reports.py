@@ -9,6 +9,7 @@ from typing import Any
 from scrapy_reliability.frontier import adaptive
 from scrapy_reliability.frontier.adaptive import AdaptiveState
 from scrapy_reliability.frontier.politeness import DomainState, Politeness
+from scrapy_reliability.frontier.records import SetLimit
 from scrapy_reliability.frontier.schema import LEASED
 
 
@@ -61,6 +62,8 @@ class DomainInfo:
     learned_ceiling: float = 0.0
     learned_at: float = 0.0
     throttles: int = 0
+    #: Limits an operator set (``scrapy frontier limit``), if any.
+    set_limit: SetLimit | None = None
 
 
 @dataclass(frozen=True)
@@ -186,8 +189,20 @@ def pending_blockers(
             blockers.append(
                 Blocker("domain_paused", domain.paused_until, domain.pause_reason or "")
             )
-        limits = politeness.limits_for(row.domain)
-        leased = domain.counts.get(LEASED, 0)
+        set_limit = domain.set_limit
+        state = DomainState(
+            domain.domain,
+            domain.tat,
+            domain.paused_until,
+            domain.crawl_delay,
+            domain.created_at,
+            domain.adaptive,
+            leased=domain.counts.get(LEASED, 0),
+            set_rate=None if set_limit is None else set_limit.rate,
+            set_concurrency=None if set_limit is None else set_limit.concurrency,
+        )
+        limits = state.limits(politeness.limits_for(row.domain))
+        leased = state.leased
         if limits.concurrency and leased >= limits.concurrency:
             blockers.append(
                 Blocker(
@@ -196,21 +211,14 @@ def pending_blockers(
                     f"{leased} leased, at most {limits.concurrency} at once",
                 )
             )
-        state = DomainState(
-            domain.domain,
-            domain.tat,
-            domain.paused_until,
-            domain.crawl_delay,
-            domain.created_at,
-            domain.adaptive,
-            leased=leased,
-        )
         available = state.available_at(limits, politeness, now)
         if available > now:
             rate = state.effective_rate(limits, politeness, now)
             detail = f"{rate:.3g} requests/s"
             learned = learned_text(domain.adaptive, limits.rate, politeness, now)
-            if learned:
+            if set_limit is not None and set_limit.rate is not None:
+                detail += f", {set_limit.reason}"
+            elif learned:
                 detail += f", {learned}"
             blockers.append(Blocker("waiting_for_token", available, detail))
     return blockers

@@ -253,6 +253,11 @@ domains = Table(
     Column("learned_ceiling", Float, nullable=False, server_default=text("0")),
     Column("learned_at", Float, nullable=False, server_default=text("0")),
     Column("throttles", Integer, nullable=False, server_default=text("0")),
+    # Limits an operator set (``scrapy frontier limit``; NULL: none): they replace the
+    # configured ones and win over what was learned; a new run of the job keeps them.
+    Column("set_rate", Float, nullable=True),
+    Column("set_concurrency", Integer, nullable=True),
+    Column("set_reason", Text, nullable=True),
     # The previous version's rate factor: written on insert, no longer read.
     CheckConstraint("rate_factor > 0 AND rate_factor <= 1", name="rate_factor"),
 )
@@ -272,7 +277,7 @@ feed_positions = Table(
 )
 
 #: What operators did to a job from outside (``scrapy frontier pause``, ``resume``,
-#: ``stop``): who (user@host), when, what. Shown by ``status`` and the HTML report;
+#: ``limit``, ``stop``): who (user@host), when, what. Shown by ``status`` and the HTML report;
 #: a worker stops at a ``stop`` row newer than the newest it saw when it started.
 audit = Table(
     "reliability_audit",

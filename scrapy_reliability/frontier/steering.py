@@ -1,5 +1,5 @@
-"""An operator's steering: ``scrapy frontier pause`` and ``resume`` of a domain,
-``stop`` of a job (each recorded in the audit trail, ``audit.py``).
+"""An operator's steering: ``scrapy frontier pause``, ``resume`` and ``limit`` of a
+domain, ``stop`` of a job (each recorded in the audit trail, ``audit.py``).
 
 A pause is the domain row's ``paused_until`` (the one Retry-After and ban signals
 set), with ``pause_reason`` naming who paused it and when: every claim of every
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, and_, select, update
 
-from scrapy_reliability.frontier import audit, dialect
+from scrapy_reliability.frontier import audit, dialect, operator_limits
 from scrapy_reliability.frontier.domains import new_row
+from scrapy_reliability.frontier.records import SetLimit
 from scrapy_reliability.frontier.schema import PENDING, domains, requests
 
 #: A pause without an end: this far ahead (a float both backends store).
@@ -124,22 +125,60 @@ def _paused(conn: Connection, job_id: int, now: float) -> dict[str, float]:
 @dataclass(frozen=True)
 class Steer:
     """What a live worker reads every second: the job's pauses (domain -> until);
-    the newest audit id (``mark``, asked for with ``mark=None``: at its start); the
-    first ``stop`` after the mark it gave."""
+    the limits an operator set; the newest audit id (``mark``, asked for with
+    ``mark=None``: at its start); the first ``stop`` after the mark it gave."""
 
     pauses: dict[str, float]
+    limits: tuple[SetLimit, ...]
     mark: int
     stop: audit.Entry | None
 
 
 def read(engine: Engine, job_id: int, now: float, mark: int | None) -> Steer:
-    """The job's pauses and, past ``mark``, a stop (one connection, two indexed
-    queries; the first read of a worker gives it its mark)."""
+    """The job's pauses, set limits and, past ``mark``, a stop (one connection,
+    three indexed queries; the first read of a worker gives it its mark)."""
     with engine.connect() as conn:
         pauses = _paused(conn, job_id, now)
+        limits = operator_limits.held(conn, job_id)
         if mark is None:
-            return Steer(pauses, audit.newest(conn, job_id), None)
-        return Steer(pauses, mark, audit.stop_after(conn, job_id, mark))
+            return Steer(pauses, limits, audit.newest(conn, job_id), None)
+        return Steer(pauses, limits, mark, audit.stop_after(conn, job_id, mark))
+
+
+def set_limits(
+    engine: Engine,
+    job_id: int,
+    names: Sequence[str],
+    *,
+    rate: float | None,
+    concurrency: int | None,
+    who: str,
+    now: float,
+) -> tuple[SetLimit, ...]:
+    """Set the rate and/or concurrency of ``names`` for every worker of the job, at
+    once (and its next runs); returns the limits each domain has now."""
+    reason = f"set by {who} at {audit.shown_time(now)}"
+    with engine.begin() as conn:
+        operator_limits.apply(
+            conn, job_id, [SetLimit(name, rate, concurrency, reason) for name in names], now
+        )
+        now_set = tuple(s for s in operator_limits.held(conn, job_id) if s.domain in names)
+        audit.record(
+            conn, job_id, audit.LIMIT, "; ".join(s.text() for s in now_set), who=who, at=now
+        )
+    return now_set
+
+
+def reset_limits(
+    engine: Engine, job_id: int, names: Sequence[str], *, who: str, now: float
+) -> list[str]:
+    """Remove the limits set on ``names``; returns the domains that had some."""
+    with engine.begin() as conn:
+        found = operator_limits.reset(conn, job_id, names)
+        if found:
+            shown = f"{', '.join(found)}: set limits removed"
+            audit.record(conn, job_id, audit.LIMIT, shown, who=who, at=now)
+    return found
 
 
 def request_stop(engine: Engine, job_id: int, detail: str, *, who: str, now: float) -> int:

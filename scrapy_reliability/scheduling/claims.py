@@ -13,6 +13,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 from scrapy import Request
@@ -87,6 +88,9 @@ class ClaimBuffer:
         # From the last claim that found fewer rows than asked: when each domain with
         # pending rows may start (ClaimResult.ready); None: unknown.
         self._ready: dict[str, float] | None = None
+        #: The job has limits an operator set (``scrapy frontier limit``): claims read
+        #: its domains' rows even when the settings limit nothing.
+        self.steered_limits = False
 
     def pending(self) -> bool:
         """Rows buffered, a claim in flight, or rows that may be due."""
@@ -94,11 +98,14 @@ class ClaimBuffer:
 
     def spec(self) -> ClaimSpec:
         config = self.ctx.config
+        politeness = config.politeness
+        if self.steered_limits and not politeness.steered:
+            politeness = replace(politeness, steered=True)
         return ClaimSpec(
             self.ctx.worker_id,
             self.claim_batch,
             lease_seconds=config.lease_seconds,
-            politeness=config.politeness,
+            politeness=politeness,
         )
 
     def handed_out(self) -> None:

@@ -431,16 +431,24 @@ class Outcomes:
 
     def return_paused(self, ready: deque[Request]) -> deque[Request]:
         """Requests of a domain paused while they waited in the buffer go back to
-        the frontier, due when the pause ends; they were never started. Returns
-        the buffer without them."""
+        the frontier, due when the pause ends; they were never started. So do,
+        once, those of a domain whose limits an operator changed (due at once: the
+        next claim takes them under the new limits). Returns the buffer without
+        them."""
         paused = self.politeness.paused_now()
-        if not paused:
+        relimited, self.politeness.relimited = self.politeness.relimited, set()
+        if not paused and not relimited:
             return ready
         keep: deque[Request] = deque()
         for request in ready:
             lease = self.leases.of(request)
-            paused_until = paused.get(lease.domain) if lease is not None else None
-            if lease is None or paused_until is None:
+            if lease is None:
+                keep.append(request)
+                continue
+            paused_until = paused.get(lease.domain)
+            if paused_until is None and lease.domain in relimited:
+                paused_until = 0.0
+            if paused_until is None:
                 keep.append(request)
                 continue
             self.leases.start_settling(lease)

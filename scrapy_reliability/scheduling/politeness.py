@@ -46,6 +46,9 @@ class LocalPoliteness:
         # Of those, the ones read from the job (an operator's pause, another worker's
         # Retry-After: scheduling/steered.py), not this worker's own.
         self.steered: set[str] = set()
+        # Domains whose limits an operator just changed: the requests this worker
+        # holds for them go back once, to be claimed again under the new limits.
+        self.relimited: set[str] = set()
         # The earliest moment a buffered request held for its start may go.
         self.held_until = 0.0
         # Paced domains: the start the frontier gave the last request sent, and when

@@ -236,6 +236,12 @@ class Session:
         )
         if learned is not None:
             logger.info("%s", learned, extra=ctx.log())
+        held = start_lines.set_limits_line(
+            job.set_limits, spider=ctx.spider.name if ctx.spider else ""
+        )
+        if held is not None:
+            logger.info("%s", held, extra=ctx.log())
+        self.claims.steered_limits = bool(job.set_limits)
         if ctx.config.recrawl.on:
             stats.set_value("reliability/recrawl/due", job.recrawl_due + job.recrawl_parse)
         self._warn_of_other_versions(opened.peers)

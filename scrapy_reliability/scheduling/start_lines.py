@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from scrapy_reliability.frontier import Job
-from scrapy_reliability.frontier.records import LearnedReview
+from scrapy_reliability.frontier.records import LearnedReview, SetLimit
 
 #: Domains named one by one in the learned-limits line; the rest are counted.
 NAMED = 10
@@ -108,6 +108,17 @@ def learned_line(review: LearnedReview, *, new_run: bool, spider: str) -> str | 
     return (
         "; ".join(parts)
         + f". `scrapy frontier domains {spider}` shows them; `--forget` forgets them"
+    )
+
+
+def set_limits_line(limits: tuple[SetLimit, ...], *, spider: str) -> str | None:
+    """The limits an operator set that hold in this run, or None."""
+    if not limits:
+        return None
+    shown = "; ".join(limit.text() for limit in limits[:NAMED])
+    return (
+        f"Limits an operator set hold for every worker: {shown}{_more(len(limits))}. "
+        f"`scrapy frontier limit {spider or 'SPIDER'} --domain D --reset` removes one"
     )
 
 

@@ -1,7 +1,7 @@
 """What an operator changes in a live job reaches this worker within a second.
 
-On PostgreSQL a worker reads its job's paused domains every
-:data:`STEER_SECONDS` (one indexed query, on the heartbeat's thread). A domain
+On PostgreSQL a worker reads its job's paused domains and the limits an operator
+set every :data:`STEER_SECONDS` (indexed queries, on the heartbeat's thread). A domain
 paused by ``scrapy frontier pause`` (or by another worker's Retry-After) is
 mirrored in :class:`LocalPoliteness`, so the requests this worker already holds
 for it go back to pending instead of starting; a pause learned here that ended
@@ -22,6 +22,7 @@ from twisted.internet import task
 
 from scrapy_reliability._executor import looping_call
 from scrapy_reliability.frontier import audit, clock, steering
+from scrapy_reliability.frontier.records import SetLimit
 from scrapy_reliability.scheduling import engine
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ class Steering:
         self._learned: dict[str, float] = {}
         # The newest audit row when this worker started: a stop after it is for it.
         self._mark: int | None = None
+        # The limits an operator set, as last read (by domain).
+        self._limits: dict[str, SetLimit] = {}
 
     def start(self) -> None:
         frontier = self.ctx.frontier
@@ -81,11 +84,42 @@ class Steering:
         if future.exception() is not None or self.ctx.closing:
             return  # the heartbeat reports a database in trouble
         found = future.result()
+        first = self._mark is None
         self._mark = found.mark
         if found.stop is not None:
             self._stop(found.stop)
             return
         self.apply(found.pauses)
+        self.limits(found.limits, quiet=first)
+
+    def limits(self, found: tuple[SetLimit, ...], *, quiet: bool = False) -> None:
+        """The limits an operator set (``scrapy frontier limit``): the claims apply
+        them (they read the domains' rows); this worker says what changed, and
+        claims again at once (a raised limit lets more start now)."""
+        now = {limit.domain: limit for limit in found}
+        changed = [limit for d, limit in now.items() if self._limits.get(d) != limit]
+        removed = sorted(set(self._limits) - set(now))
+        self._limits = now
+        self.claims.steered_limits = bool(now)
+        if not changed and not removed:
+            return
+        if not quiet:  # the start line named the limits a worker starts with
+            self.politeness.relimited.update(limit.domain for limit in changed)
+            for limit in changed:
+                logger.info(
+                    "Limits for every worker of the job: %(limit)s",
+                    {"limit": limit.text()},
+                    extra=self.ctx.log(),
+                )
+            for domain in removed:
+                logger.info(
+                    "%(domain)s: the limits an operator set were removed; its configured "
+                    "limits hold",
+                    {"domain": domain},
+                    extra=self.ctx.log(),
+                )
+        self.claims.something_changed()
+        self.claims.wake_engine()
 
     def _stop(self, stop: audit.Entry) -> None:
         """``scrapy frontier stop``: close as Ctrl-C would (requests in flight

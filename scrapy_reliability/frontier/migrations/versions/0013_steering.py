@@ -1,5 +1,5 @@
-"""The audit table: what operators did to a job from outside (pause, resume, stop),
-who did it and when.
+"""Steering from outside: the audit table (what operators did to a job: pause,
+resume, limit, stop; who, when), and the limits an operator set on a domain.
 
 Revision ID: 0013
 Revises: 0012
@@ -39,8 +39,16 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_reliability_audit"),
     )
     op.create_index("ix_reliability_audit_job_id", "reliability_audit", ["job_id", "id"])
+    with op.batch_alter_table("reliability_domains") as batch:
+        batch.add_column(sa.Column("set_rate", sa.Float(), nullable=True))
+        batch.add_column(sa.Column("set_concurrency", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("set_reason", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("reliability_domains") as batch:
+        batch.drop_column("set_reason")
+        batch.drop_column("set_concurrency")
+        batch.drop_column("set_rate")
     op.drop_index("ix_reliability_audit_job_id", table_name="reliability_audit")
     op.drop_table("reliability_audit")

@@ -1,0 +1,239 @@
+"""``scrapy frontier limit`` (issue 34): a domain's rate and concurrency set from
+outside hold for every claim at once, win over the settings and what was learned,
+are kept by the job's next runs, and are removed with ``--reset``."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from scrapy_reliability.frontier import Frontier, Outcome, Transition, WriteBatch, steering
+from scrapy_reliability.frontier import adaptive as ad
+from scrapy_reliability.frontier.politeness import DomainLimits, DomainState, Politeness
+from scrapy_reliability.frontier.schema import domains
+from scrapy_reliability.testing.site import SiteConfig, SiteProcess
+from tests.crawling import Crawl, count_lines, make_project, pages_in, read_jsonl
+from tests.frontier_helpers import add
+from tests.test_cli import frontier_cmd
+from tests.test_politeness import _rows
+
+
+def test_a_set_concurrency_holds_at_the_claim_even_with_nothing_configured(
+    frontier: Frontier,
+) -> None:
+    """The settings limit nothing (the claim's fast path); with the job's limits in
+    the spec (``steered``, as a worker sets it when it reads them), a concurrency of
+    2 set on one domain leases 2 of its rows and all of the other's."""
+    job = frontier.open_job("limited", "s").id
+    add(frontier, job, _rows("a.test", 10) + _rows("b.test", 10))
+    steering.set_limits(
+        frontier.engine, job, ["a.test"], rate=None, concurrency=2, who="ops@h", now=1000.0
+    )
+    plain = Politeness(adaptive=None)
+    assert not plain.limits_anything
+    steered = Politeness(adaptive=None, steered=True)
+    claimed = frontier.claim(job, "w", 50, lease_seconds=30, politeness=steered, now=1000.0)
+    by_domain = [r.fingerprint.rsplit("-", 1)[0] for r in claimed.rows]
+    assert by_domain.count("a.test") == 2 and by_domain.count("b.test") == 10
+    # A lower cap takes effect at the next claim; --reset gives the rest back.
+    frontier.write(
+        job,
+        WriteBatch(
+            transitions=[
+                Transition(r.id, r.token, Outcome.DONE)
+                for r in claimed.rows
+                if r.fingerprint.startswith("a.test")
+            ]
+        ),
+    )
+    assert steering.reset_limits(frontier.engine, job, ["a.test"], who="ops@h", now=1001.0) == [
+        "a.test"
+    ]
+    rest = frontier.claim(job, "w", 50, lease_seconds=30, politeness=steered, now=1001.0)
+    assert [r.fingerprint.rsplit("-", 1)[0] for r in rest.rows].count("a.test") == 8
+
+
+def test_a_set_rate_wins_over_the_configured_and_the_learned_rate() -> None:
+    configured = DomainLimits(rate=10.0, burst=5, concurrency=4)
+    policy = Politeness(configured)
+    learned = ad.AdaptiveState(rate=0.5, limit=1.0)
+    state = DomainState("a.test", 0.0, 0.0, None, 0.0, learned)
+    assert state.effective_rate(configured, policy, 100.0) < 10.0  # what was learned
+    state.set_rate, state.set_concurrency = 20.0, 1
+    assert state.effective_rate(configured, policy, 100.0) == 20.0
+    assert state.burst(configured, policy) == 5
+    assert state.limits(configured) == DomainLimits(rate=20.0, burst=5, concurrency=1)
+    state.set_rate = 0.0  # no rate limit, by the operator's word
+    assert state.effective_rate(configured, policy, 100.0) == 0.0
+
+
+def test_a_new_run_keeps_the_set_limits_and_a_bad_value_read_back_is_none(
+    frontier: Frontier,
+) -> None:
+    job = frontier.open_job("nights", "s")
+    steering.set_limits(
+        frontier.engine,
+        job.id,
+        ["a.test", "b.test"],
+        rate=2.0,
+        concurrency=None,
+        who="o@h",
+        now=1.0,
+    )
+    steering.set_limits(
+        frontier.engine, job.id, ["b.test"], rate=None, concurrency=3, who="o@h", now=2.0
+    )
+    resumed = frontier.open_job("nights", "s")
+    assert resumed.resumed and [(s.domain, s.rate, s.concurrency) for s in resumed.set_limits] == [
+        ("a.test", 2.0, None),
+        ("b.test", 2.0, 3),
+    ]
+    assert frontier.finish_job_if_complete(job.id)
+    night2 = frontier.open_job("nights", "s", restart_finished=True)
+    assert night2.id != job.id and not night2.resumed
+    assert [(s.domain, s.rate, s.concurrency) for s in night2.set_limits] == [
+        ("a.test", 2.0, None),
+        ("b.test", 2.0, 3),
+    ]
+    assert "set by o@h at" in night2.set_limits[0].reason
+    with frontier.engine.begin() as conn:
+        conn.execute(
+            update(domains)
+            .where(domains.c.job_id == night2.id, domains.c.domain == "a.test")
+            .values(set_rate=-5.0)
+        )
+        conn.execute(
+            update(domains)
+            .where(domains.c.job_id == night2.id, domains.c.domain == "b.test")
+            .values(set_rate=math.inf, set_concurrency=-1)
+        )
+    again = frontier.open_job("nights", "s")
+    assert again.set_limits == ()  # a value that is no limit is none: the settings hold
+
+
+@pytest.mark.crawl
+def test_limit_refuses_what_is_no_limit_in_one_line(tmp_path: Path, frontier_url: str) -> None:
+    frontier = Frontier.connect(frontier_url)
+    frontier.open_job("shared", "fp1")
+    frontier.close()
+    project = make_project(tmp_path)
+    args = ("--database-url", frontier_url, "--job", "shared")
+    for bad, said in (
+        (["--rate", "fast"], "--rate takes requests per second"),
+        (["--rate", "-1"], "--rate takes requests per second"),
+        (["--rate", "nan"], "--rate takes requests per second"),
+        (["--concurrency", "2.5"], "--concurrency takes a whole number"),
+        ([], "limit needs --rate R, --concurrency N or both"),
+        (["--reset", "--rate", "1"], "limit --reset takes no --rate"),
+    ):
+        done = frontier_cmd(project, "limit", *args, "--domain", "a.test", *bad)
+        assert done.returncode == 2 and said in done.stderr, (bad, done.stderr)
+    done = frontier_cmd(project, "limit", *args, "--domain", "not a host", "--rate", "1")
+    assert done.returncode == 1 and done.stdout.startswith("error: --domain"), done.stdout
+    done = frontier_cmd(
+        project,
+        "limit",
+        "--database-url",
+        frontier_url,
+        "--job",
+        "nope",
+        "--domain",
+        "a.test",
+        "--rate",
+        "1",
+    )
+    assert done.returncode == 1 and "never ran" in done.stdout and done.stdout.count("\n") == 1
+    done = frontier_cmd(project, "limit", *args, "--domain", "A.test", "--rate", "2.5", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["limits"] == [
+        {"domain": "a.test", "rate": 2.5, "concurrency": None}
+    ]
+    status = frontier_cmd(project, "domains", *args, "--json")
+    (row,) = [d for d in json.loads(status.stdout)["domains"] if d["domain"] == "a.test"]
+    assert row["set_limit"]["rate"] == 2.5 and row["limits"]["rate"] == 2.5
+    done = frontier_cmd(project, "limit", *args, "--domain", "a.test", "--reset", "--json")
+    assert json.loads(done.stdout)["reset"] == ["a.test"]
+    done = frontier_cmd(project, "limit", *args, "--domain", "a.test", "--reset")
+    assert done.stdout.startswith("None of a.test has limits set"), done.stdout
+    actions = json.loads(frontier_cmd(project, "status", *args, "--json").stdout)[
+        "operator_actions"
+    ]
+    assert [(a["action"], a["detail"].split(" (")[0]) for a in actions] == [
+        ("limit", "a.test: set limits removed"),
+        ("limit", "a.test: 2.5/s"),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_limit_holds_for_every_worker_at_once_and_a_reset_lifts_it(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Two PostgreSQL workers crawl three hosts with no frontier limits configured;
+    from a third process, `limit --domain 127.0.0.3 --rate 2`: from 1.5 s after the
+    command returned until `--reset`, the site sees at most 2 requests a second to
+    that host (any 1-second window, both workers together, plus one for a window's
+    edge); after the reset it goes faster again; nothing is missing."""
+    config = SiteConfig(pages=150, latency_ms=50)
+    host = "127.0.0.3"
+    project = make_project(tmp_path)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        crawls = [
+            Crawl(
+                project,
+                site.start_urls(),
+                f"RELIABILITY_DATABASE_URL={postgres_url}",
+                "RELIABILITY_JOB=shared",
+                f"ITEMS_PATH={tmp_path / f'items{n}.jsonl'}",
+                "RELIABILITY_DOMAIN_RATE=0",
+                "RELIABILITY_DOMAIN_CONCURRENCY=0",
+                "CONCURRENT_REQUESTS_PER_DOMAIN=2",
+            )
+            for n in (0, 1)
+        ]
+        crawls[1].runs = 100
+        procs = [c.start() for c in crawls]
+        args = ("--database-url", postgres_url, "--job", "shared")
+        try:
+            deadline = time.monotonic() + 120
+            while count_lines(site.log_path) < 40:
+                assert all(p.poll() is None for p in procs), crawls[0].log()[-2000:]
+                assert time.monotonic() < deadline, "the crawl made no progress"
+                time.sleep(0.02)
+            done = frontier_cmd(project, "limit", *args, "--domain", host, "--rate", "2")
+            limited_at = time.time()
+            assert done.returncode == 0, done.stdout + done.stderr
+            time.sleep(6)
+            reset_at = time.time()
+            done = frontier_cmd(project, "limit", *args, "--domain", host, "--reset")
+            assert done.returncode == 0, done.stdout + done.stderr
+            codes = [p.wait(timeout=180) for p in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        log = read_jsonl(site.log_path)
+    assert codes == [0, 0], [c.log()[-2000:] for c in crawls]
+    expected = {(h, i) for h in config.hosts for i in range(config.pages)}
+    assert pages_in(tmp_path / "items0.jsonl", tmp_path / "items1.jsonl") == expected
+    times = sorted(e["t"] for e in log if e["host"] == host)
+    before = [t for t in times if limited_at - 3 <= t <= limited_at]
+    during = [t for t in times if limited_at + 1.5 < t < reset_at]
+    after = [t for t in times if reset_at + 1.5 < t < reset_at + 4.5]
+    busiest = max(sum(1 for u in during if t <= u < t + 1.0) for t in during)
+    print(
+        f"{host}: {len(before) / 3:.1f}/s before the limit, {len(during)} requests in "
+        f"{reset_at - limited_at - 1.5:.1f} s under it (busiest second {busiest}), "
+        f"{len(after) / 3:.1f}/s after the reset"
+    )
+    assert len(before) > 3 * 3  # faster than the limit before it
+    assert during and busiest <= 3
+    assert len(after) > 3 * 3
+    told = [c for c in crawls if f"Limits for every worker of the job: {host}: 2/s" in c.log()]
+    assert len(told) == 2, [c.log()[-1500:] for c in crawls]

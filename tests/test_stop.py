@@ -36,9 +36,7 @@ def test_a_stop_is_for_the_workers_that_started_before_it(frontier: Frontier) ->
     later = steering.read(engine, job.id, now, None)  # a worker started after the stop
     assert later.mark == stop_id
     assert steering.read(engine, job.id, now, later.mark).stop is None
-    assert steering.resume(engine, job.id, ["a.example"], who="ops@h1", now=now) == {
-        "a.example": 0
-    }
+    assert steering.resume(engine, job.id, ["a.example"], who="ops@h1", now=now) == {"a.example": 0}
     with reading(engine) as conn:
         trail = audit.latest(conn, job.id)
     assert [(e.action, e.who) for e in trail] == [
@@ -59,9 +57,11 @@ def test_a_row_of_the_trail_read_back_as_no_time_is_shown_as_such(frontier: Fron
         (entry,) = audit.latest(conn, job.id)
     assert entry.at is None and audit.shown_time(entry.at) == "an unknown time"
     assert audit.shown_time(1e300) == "an unknown time"
-    with pytest.raises(ValueError, match="unknown audit action"):
-        with frontier.engine.begin() as conn:
-            audit.record(conn, job.id, "explode", "", who="x", at=0.0)
+    with (
+        pytest.raises(ValueError, match="unknown audit action"),
+        frontier.engine.begin() as conn,
+    ):
+        audit.record(conn, job.id, "explode", "", who="x", at=0.0)
 
 
 @pytest.mark.crawl
@@ -75,9 +75,9 @@ def test_stop_refuses_in_one_line_and_says_when_nothing_runs(
     args = ("--database-url", frontier_url)
     done = frontier_cmd(project, "stop", *args, "--job", "nosuchjob")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stdout.startswith("error: job 'nosuchjob' never ran") and done.stdout.count(
-        "\n"
-    ) == 1, done.stdout
+    assert (
+        done.stdout.startswith("error: job 'nosuchjob' never ran") and done.stdout.count("\n") == 1
+    ), done.stdout
     done = frontier_cmd(project, "stop", *args, "--job", "shared", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout) == {

@@ -17,6 +17,8 @@ with the same settings would; ``--database-url`` and ``--job`` override):
 * ``pause SPIDER --domain D`` and ``resume SPIDER --domain D``: for every worker.
 * ``limit SPIDER --domain D [--rate R] [--concurrency N]`` (``--reset``): limits for
   every worker at once, over what was configured or learned, kept by the next runs.
+* ``add SPIDER URL... [--from FILE] [--callback NAME] [--priority P]``: URLs into a
+  job, live or not, keyed and checked as the spider's own requests.
 * ``stop SPIDER``: every live worker of the job closes as Ctrl-C would.
 * ``purge SPIDER``: delete dead letters, drop pending requests, a whole job, or
   the tombstone of a job that moved away (``--tombstone``).
@@ -42,6 +44,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from sqlalchemy.exc import SQLAlchemyError
 
+from scrapy_reliability.commands.add import add_urls
 from scrapy_reliability.commands.cache import cache_entries
 from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.commands.doctor import check_setup
@@ -83,6 +86,7 @@ HANDLERS: dict[str, Callable[[Context, list[str]], Any]] = {
     "pause": pause_domains,
     "resume": resume_domains,
     "limit": limit_domains,
+    "add": add_urls,
     "stop": stop_job,
     "purge": purge,
     "move": move_job,
@@ -124,7 +128,8 @@ class FrontierCommand(ScrapyCommand):
             "report with charts, opens offline); requeue SPIDER (dead requests "
             "back to pending); pause SPIDER --domain D [--for DURATION] and resume "
             "SPIDER --domain D (for every worker, at once); limit SPIDER --domain D "
-            "[--rate R] [--concurrency N] (--reset); stop SPIDER (every worker "
+            "[--rate R] [--concurrency N] (--reset); add SPIDER URL... (--from FILE, "
+            "--callback NAME, --priority P); stop SPIDER (every worker "
             "closes as Ctrl-C would); purge SPIDER (--dead-letters, "
             "--pending, --whole-job or --tombstone, with --yes); move SPIDER --to URL "
             "(copy the job to another database, leave a tombstone; --delete-source); "
@@ -214,6 +219,18 @@ class FrontierCommand(ScrapyCommand):
             dest="for_",
             metavar="DURATION",
             help="pause: for this long (90s, 30m, 6h, 2d; default: until resumed)",
+        )
+        group.add_argument(
+            "--from",
+            dest="from_",
+            metavar="FILE",
+            help="add: URLs from FILE, one per line ('-': standard input)",
+        )
+        group.add_argument(
+            "--callback", metavar="NAME", help="add: the spider method to parse them (parse)"
+        )
+        group.add_argument(
+            "--priority", metavar="P", help="add: their priority, as Request(priority=P)"
         )
         group.add_argument(
             "--rate", metavar="R", help="limit: requests per second for the domain (0: no limit)"

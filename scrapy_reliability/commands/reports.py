@@ -130,7 +130,10 @@ def show_status(ctx: Context, args: list[str]) -> None:
         out("Workers: none running")
     if actions:
         out("")
-        out(f"Operator actions (the latest {len(actions)}; scrapy frontier pause, resume, stop):")
+        out(
+            f"Operator actions (the latest {len(actions)}; scrapy frontier pause, resume, "
+            "limit, add, stop):"
+        )
         out(
             table(
                 ["when", "who", "action", "what"],

@@ -1,11 +1,12 @@
 """The audit trail: what operators did to a job from outside, who, when.
 
-``scrapy frontier pause``, ``resume``, ``limit`` and ``stop`` each write one row (in the same
-transaction as their change). ``status`` and the HTML report show the latest.
+``scrapy frontier pause``, ``resume``, ``limit``, ``add`` and ``stop`` each write one
+row (in the same transaction as their change). ``status`` and the HTML report show the latest.
 
 A ``stop`` row is also the signal: a live PostgreSQL worker remembers the newest
 audit id of its job when it starts (:func:`newest`) and stops gracefully at the
-first ``stop`` row after it (:func:`stop_after`, read with the pauses every second).
+first ``stop`` row after it (:func:`after`, read with the pauses every second); an
+``add`` row after its mark makes it claim at once, and moves the mark past it.
 Ids, not timestamps: an operator's clock may be minutes off the workers'; a run
 started after the stop (the same command again) is not stopped by it.
 """
@@ -26,8 +27,9 @@ from scrapy_reliability.frontier.schema import audit
 PAUSE = "pause"
 RESUME = "resume"
 LIMIT = "limit"
+ADD = "add"
 STOP = "stop"
-ACTIONS = (PAUSE, RESUME, LIMIT, STOP)
+ACTIONS = (PAUSE, RESUME, LIMIT, ADD, STOP)
 #: The longest ``who`` and ``detail`` stored (a host name can be long).
 _WHO_MAX = 255
 _DETAIL_MAX = 2000
@@ -105,12 +107,13 @@ def newest(conn: Connection, job_id: int) -> int:
     return int(found or 0)
 
 
-def stop_after(conn: Connection, job_id: int, mark: int) -> Entry | None:
-    """The first ``stop`` of the job after the row ``mark``, if any."""
-    row = conn.execute(
+def after(conn: Connection, job_id: int, mark: int, limit: int = 100) -> list[Entry]:
+    """The job's ``stop`` and ``add`` rows after the row ``mark``, oldest first: what a
+    live worker acts on (it stops; it claims again at once)."""
+    rows = conn.execute(
         select(audit.c.id, audit.c.at, audit.c.who, audit.c.action, audit.c.detail)
-        .where(audit.c.job_id == job_id, audit.c.id > mark, audit.c.action == STOP)
+        .where(audit.c.job_id == job_id, audit.c.id > mark, audit.c.action.in_((STOP, ADD)))
         .order_by(audit.c.id)
-        .limit(1)
-    ).first()
-    return None if row is None else _entry(row)
+        .limit(limit)
+    )
+    return [_entry(r) for r in rows]

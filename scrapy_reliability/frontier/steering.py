@@ -126,12 +126,15 @@ def _paused(conn: Connection, job_id: int, now: float) -> dict[str, float]:
 class Steer:
     """What a live worker reads every second: the job's pauses (domain -> until);
     the limits an operator set; the newest audit id (``mark``, asked for with
-    ``mark=None``: at its start); the first ``stop`` after the mark it gave."""
+    ``mark=None``: at its start); the first ``stop`` after the mark it gave, else
+    whether requests were added after it."""
 
     pauses: dict[str, float]
     limits: tuple[SetLimit, ...]
     mark: int
     stop: audit.Entry | None
+    #: ``scrapy frontier add`` ran since the mark (the new mark is past it).
+    added: bool = False
 
 
 def read(engine: Engine, job_id: int, now: float, mark: int | None) -> Steer:
@@ -142,7 +145,11 @@ def read(engine: Engine, job_id: int, now: float, mark: int | None) -> Steer:
         limits = operator_limits.held(conn, job_id)
         if mark is None:
             return Steer(pauses, limits, audit.newest(conn, job_id), None)
-        return Steer(pauses, limits, mark, audit.stop_after(conn, job_id, mark))
+        seen = audit.after(conn, job_id, mark)
+    stop = next((e for e in seen if e.action == audit.STOP), None)
+    if stop is not None:
+        return Steer(pauses, limits, mark, stop)
+    return Steer(pauses, limits, max((e.id for e in seen), default=mark), None, bool(seen))
 
 
 def set_limits(

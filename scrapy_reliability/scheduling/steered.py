@@ -91,6 +91,10 @@ class Steering:
             return
         self.apply(found.pauses)
         self.limits(found.limits, quiet=first)
+        if found.added:
+            # `scrapy frontier add` wrote rows: claim now, not at the next poll.
+            self.claims.something_changed()
+            self.claims.wake_engine()
 
     def limits(self, found: tuple[SetLimit, ...], *, quiet: bool = False) -> None:
         """The limits an operator set (``scrapy frontier limit``): the claims apply

@@ -7,7 +7,7 @@ import base64
 import contextlib
 import json
 import weakref
-from typing import Any
+from typing import Any, cast
 
 from scrapy import Request, Spider
 from scrapy.http import Headers
@@ -228,6 +228,22 @@ def _plain_json(data: dict[str, Any]) -> str:
     if _C_ENCODER is None:
         return _PLAIN_JSON.encode(data)
     return "".join(_C_ENCODER(data, 0))
+
+
+def added_request_payload(request: Request, callback: str | None) -> str:
+    """The payload of ``request`` (a plain GET: no callback, meta or body) calling
+    the spider method named ``callback`` (None: ``parse``): a request added from
+    outside a crawl (``scrapy frontier add``), where there is no spider instance."""
+    if request.callback is not None or request.errback is not None or request.meta:
+        raise ValueError("an added request is a plain GET: no callback object, errback or meta")
+    if callback is not None and not _is_method_name(callback):
+        raise UnserializableRequest(f"{callback!r} cannot be a callback's method name")
+    payload = request_to_payload(request, cast(Spider, None))
+    if callback is None:
+        return payload
+    data = json.loads(payload)
+    data["callback"] = callback
+    return _plain_json(data)
 
 
 def _encode(data: dict[str, Any], spider: Spider, request: Request) -> str:

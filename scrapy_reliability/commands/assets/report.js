@@ -142,7 +142,7 @@
     var actions = data.operator_actions || [];
     if (actions.length) {
       body.appendChild(el("p", "Operator actions (the latest " + actions.length +
-        "; scrapy frontier pause, resume, stop):", "meta"));
+        "; scrapy frontier pause, resume, limit, add, stop):", "meta"));
       body.appendChild(table([
         ["when", function (a) { return iso(a.at); }],
         ["who", function (a) { return a.who; }, "text"],

@@ -24,7 +24,7 @@ from scrapy_reliability.domain_limits import LimitsOrigin, _politeness, limits_t
 from scrapy_reliability.frontier.pgsession import SessionLimits
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.recrawl import RecrawlRules
-from scrapy_reliability.output_config import OutputConfig
+from scrapy_reliability.output_config import OutputConfig, dead_letter_feeds
 from scrapy_reliability.recrawl import rules_from_settings
 from scrapy_reliability.settings_values import (
     MAX_AGE_SECONDS,
@@ -326,6 +326,9 @@ class Config:
     #: Leave the objects alive when the spider opens out of the garbage collector's
     #: passes until it closes (``gc.freeze()``; see ``scrapy_reliability._process``).
     gc_freeze: bool = True
+    #: A worker whose job is done stays up this long for more work (``frontier add``,
+    #: another worker, a retry schedule), then ends; 0: it ends at once.
+    wait_for_work: float = 0.0
     #: Per-domain limits enforced by the frontier's claim.
     politeness: Politeness = field(default_factory=Politeness)
     #: Which settings decided the default per-domain limits (see :class:`LimitsOrigin`).
@@ -418,6 +421,9 @@ class Config:
             ),
             allow_moved=_bool(settings, "RELIABILITY_ALLOW_MOVED", cls.allow_moved),
             gc_freeze=_bool(settings, "RELIABILITY_GC_FREEZE", cls.gc_freeze),
+            wait_for_work=nonnegative_float(
+                settings, "RELIABILITY_WAIT_FOR_WORK", 0.0, maximum=MAX_AGE_SECONDS
+            ),
             politeness=politeness,
             limits_origin=origin,
             monitoring=Monitoring.from_settings(settings),
@@ -468,33 +474,3 @@ def _job_name(raw: Any) -> str | None:
         expected = "a job name (a non-empty string); leave it unset for the default"
         raise _error("RELIABILITY_JOB", expected, raw)
     return str(raw).strip()
-
-
-def dead_letter_feeds(settings: BaseSettings) -> tuple[str, ...]:
-    """The FEEDS entries whose ``item_classes`` name scrapy_reliability.DeadLetter."""
-    from scrapy.utils.misc import load_object
-
-    from scrapy_reliability.items import DeadLetter
-
-    try:
-        feeds = settings.getdict("FEEDS")
-    except (TypeError, ValueError):
-        raise _error(
-            "FEEDS", "a dict of feed URIs to their options", settings.get("FEEDS")
-        ) from None
-    named = []
-    for uri, options in feeds.items():
-        classes = options.get("item_classes") if isinstance(options, Mapping) else None
-        if isinstance(classes, (str, type)):
-            classes = [classes]
-        if not isinstance(classes, (list, tuple)):
-            continue
-        for cls in classes:
-            try:
-                loaded = load_object(cls) if isinstance(cls, str) else cls
-            except (ImportError, ValueError, NameError, AttributeError):
-                continue  # Scrapy's feed exporter reports a class it cannot load
-            if loaded is DeadLetter:
-                named.append(str(uri))
-                break
-    return tuple(named)

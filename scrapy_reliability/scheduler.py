@@ -200,7 +200,7 @@ class Scheduler(BaseScheduler):
         flight, or rows the frontier may have due (this worker's or others')."""
         if self._session.job_finished:
             return False
-        return self._claims.pending() or self._writes.pending()
+        return self._claims.pending() or self._writes.pending() or self._session.waiting.holds()
 
     def enqueue_request(self, request: Request) -> bool:
         """Answers at once. Our leased request sent back by a middleware (a retry

@@ -25,6 +25,7 @@ from scrapy_reliability.frontier.politeness import DomainLimits, Politeness, ove
 from scrapy_reliability.frontier.reports import learned_text
 from scrapy_reliability.frontier.schema import STATES
 from scrapy_reliability.frontier.tombstone import Tombstone
+from scrapy_reliability.frontier.wakeups import WAIT_BEAT_SECONDS
 
 
 def show_status(ctx: Context, args: list[str]) -> None:
@@ -173,12 +174,19 @@ def worker_states(
         dead = liveness.dead_workers(
             conn, [(w.id, w.hostname, w.pid) for w in found], _jobs.local_process_is_dead
         )
-    return {
-        w.id: f"dead ({dead[w.id]})"
-        if w.id in dead
-        else ("silent" if now - w.heartbeat_at > config.lease_seconds else "alive")
-        for w in found
-    }
+    states = {}
+    for w in found:
+        # A waiting worker beats once a minute (scheduling/waiting.py).
+        quiet = config.lease_seconds + (WAIT_BEAT_SECONDS if w.waiting_since else 0.0)
+        if w.id in dead:
+            states[w.id] = f"dead ({dead[w.id]})"
+        elif now - w.heartbeat_at > quiet:
+            states[w.id] = "silent"
+        elif w.waiting_since:
+            states[w.id] = f"waiting for work since {audit.shown_time(w.waiting_since)}"
+        else:
+            states[w.id] = "alive"
+    return states
 
 
 def _moved_line(moved: Tombstone, ctx: Context) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, select, update
 
-from scrapy_reliability.frontier import audit
+from scrapy_reliability.frontier import audit, wakeups
 from scrapy_reliability.frontier.records import NewRequest, WriteBatch
 from scrapy_reliability.frontier.schema import JOB_RUNNING, jobs, requests
 from scrapy_reliability.frontier.store import Frontier
@@ -77,5 +77,7 @@ def add(
             )
         shown = f"{len(added)} added of {detail}" + (" (the job runs again)" if reopened else "")
         audit.record(conn, job_id, audit.ADD, shown, who=who, at=now)
+        if added:
+            wakeups.notify(conn, job_id)
     raced = {r.fingerprint: "pending" for r in fresh if r.fingerprint not in added}
     return AddResult(added, {**known, **raced}, reopened)

@@ -183,6 +183,7 @@ class Inspector:
                     leases=int(held.n) if held is not None else 0,
                     first_expiry=held.first if held is not None else None,
                     last_expiry=held.last if held is not None else None,
+                    waiting_since=row.waiting_since,
                 )
             )
         return found

@@ -377,7 +377,11 @@ def renew(
     """The heartbeat: extend the leases of ``worker_id`` under ``tokens`` (the claims
     it knows it holds: see :mod:`.tokens`). Returns how many rows, and the tokens
     they carry."""
-    conn.execute(update(workers).where(workers.c.id == worker_id).values(heartbeat_at=now))
+    conn.execute(
+        update(workers)
+        .where(workers.c.id == worker_id)
+        .values(heartbeat_at=now, waiting_since=None)
+    )
     if not tokens:
         return 0, set()
     renewed = conn.execute(

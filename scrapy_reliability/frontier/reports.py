@@ -39,6 +39,8 @@ class WorkerInfo:
     leases: int = 0
     first_expiry: float | None = None
     last_expiry: float | None = None
+    #: Since when it waits for work (RELIABILITY_WAIT_FOR_WORK); None: it works.
+    waiting_since: float | None = None
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,8 @@ workers = Table(
     Column("stopped_at", Float, nullable=True),
     # JSON list: the callback names this worker's spider has (mixed spider versions).
     Column("callbacks", Text, nullable=True),
+    # Since when the worker waits for work (RELIABILITY_WAIT_FOR_WORK; NULL: it works).
+    Column("waiting_since", Float, nullable=True),
     Index("ix_reliability_workers_job_live", "job_id", "stopped_at"),
 )
 

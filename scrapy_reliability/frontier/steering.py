@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, and_, select, update
 
-from scrapy_reliability.frontier import audit, dialect, operator_limits
+from scrapy_reliability.frontier import audit, dialect, operator_limits, wakeups
 from scrapy_reliability.frontier.domains import new_row
 from scrapy_reliability.frontier.records import SetLimit
 from scrapy_reliability.frontier.schema import PENDING, domains, requests
@@ -85,6 +85,7 @@ def resume(
             )
             shown = ", ".join(f"{d} ({n} due now)" for d, n in sorted(resumed.items()))
             audit.record(conn, job_id, audit.RESUME, shown, who=who, at=now)
+            wakeups.notify(conn, job_id)
     return resumed
 
 
@@ -173,6 +174,7 @@ def set_limits(
         audit.record(
             conn, job_id, audit.LIMIT, "; ".join(s.text() for s in now_set), who=who, at=now
         )
+        wakeups.notify(conn, job_id)
     return now_set
 
 
@@ -185,6 +187,7 @@ def reset_limits(
         if found:
             shown = f"{', '.join(found)}: set limits removed"
             audit.record(conn, job_id, audit.LIMIT, shown, who=who, at=now)
+            wakeups.notify(conn, job_id)
     return found
 
 
@@ -192,4 +195,5 @@ def request_stop(engine: Engine, job_id: int, detail: str, *, who: str, now: flo
     """Ask every live worker of the job to stop (they read it within a second);
     returns the audit row's id."""
     with engine.begin() as conn:
+        wakeups.notify(conn, job_id)
         return audit.record(conn, job_id, audit.STOP, detail, who=who, at=now)

@@ -41,6 +41,7 @@ from scrapy_reliability.monitoring.metrics import Metrics, metrics_app, serve
 from scrapy_reliability.scheduling import settled
 from scrapy_reliability.scheduling.engine import engine_scheduler
 from scrapy_reliability.scheduling.meta import TASK_META
+from scrapy_reliability.scheduling.waiting import WAITING_STAT
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -272,8 +273,8 @@ class CrawlMonitor:
         if self._db is None:
             self._log_summary(None)
             return
-        if self._summary_busy:
-            return
+        if self._summary_busy or self.stats.get_value(WAITING_STAT):
+            return  # a worker waiting for work makes no query (scheduling/waiting.py)
         self._summary_busy = True
 
         def done(future: Future[Probe]) -> None:

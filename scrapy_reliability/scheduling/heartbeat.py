@@ -65,6 +65,22 @@ class Heartbeat:
         self.steering = Steering(self.ctx, self.claims, self.outcomes.politeness, self.submit)
         self.steering.start()
 
+    def pause(self) -> None:
+        """No beats and no steering reads while the worker waits for work (it holds
+        no lease: ``waiting.py`` beats for it, once a minute)."""
+        if self._call is not None and self._call.running:
+            self._call.stop()
+        if self.steering is not None:
+            self.steering.stop()
+
+    def resume(self) -> None:
+        """Beat again, and read the steering at once (an add or a stop woke it)."""
+        if self._call is None or self._call.running or self.steering is None:
+            return
+        self._call = looping_call(self.ctx.clock, self._beat)
+        self._call.start(self.ctx.config.heartbeat_seconds, now=True)
+        self.steering.start()
+
     def submit(
         self, fn: Callable[..., Any], done: Callable[[Future[Any]], None], *args: Any
     ) -> Future[Any]:

@@ -31,6 +31,7 @@ from scrapy_reliability.scheduling.context import Context
 from scrapy_reliability.scheduling.heartbeat import Heartbeat, report_db
 from scrapy_reliability.scheduling.outcomes import Outcomes
 from scrapy_reliability.scheduling.storage import StorageHealth
+from scrapy_reliability.scheduling.waiting import Waiting
 from scrapy_reliability.scheduling.writes import WritePipeline
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class Session:
         self.job_finished = False
         self.heartbeat = Heartbeat(ctx, storage, claims, outcomes)
         claims.starving = self.heartbeat.look_for_dead
+        self.waiting = Waiting(ctx, claims, self.heartbeat)
         self._watchdog: Watchdog | None = None
         self._unhook: Callable[[], None] | None = None
         # Set when the run ends incomplete: replaces Scrapy's "finished".
@@ -252,6 +254,7 @@ class Session:
             ctx.crawler, self._downloaded, self.outcomes.scraped
         )
         self.heartbeat.start()
+        self.waiting.start()
         if ctx.watched:
             # From now on every call is short (the server ends a statement after
             # RELIABILITY_POSTGRES_STATEMENT_TIMEOUT): one that does not return within
@@ -293,6 +296,7 @@ class Session:
     def close(self, reason: str) -> Deferred[None]:
         ctx = self.ctx
         ctx.closing = True
+        self.waiting.stop()
         beating = self.heartbeat.stop()
         if self._unhook is not None:
             self._unhook()

@@ -1,5 +1,6 @@
 """Steering from outside: the audit table (what operators did to a job: pause,
-resume, limit, stop; who, when), and the limits an operator set on a domain.
+resume, limit, add, stop; who, when), the limits an operator set on a domain, and
+since when a worker waits for work.
 
 Revision ID: 0013
 Revises: 0012
@@ -43,9 +44,13 @@ def upgrade() -> None:
         batch.add_column(sa.Column("set_rate", sa.Float(), nullable=True))
         batch.add_column(sa.Column("set_concurrency", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("set_reason", sa.Text(), nullable=True))
+    with op.batch_alter_table("reliability_workers") as batch:
+        batch.add_column(sa.Column("waiting_since", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("reliability_workers") as batch:
+        batch.drop_column("waiting_since")
     with op.batch_alter_table("reliability_domains") as batch:
         batch.drop_column("set_reason")
         batch.drop_column("set_concurrency")

@@ -1,0 +1,157 @@
+"""RELIABILITY_WAIT_FOR_WORK (issue 34): a worker whose job is done stays up, costs
+about one query a minute, takes what ``scrapy frontier add`` makes at once
+(LISTEN/NOTIFY), stops at ``scrapy frontier stop``, and ends as finished when its
+wait runs out."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, make_url, text
+
+from scrapy_reliability.testing.site import SiteConfig, SiteProcess
+from tests.crawling import Crawl, make_project, read_jsonl
+from tests.test_cli import frontier_cmd
+
+
+def _transactions(admin_url: str, database: str) -> int:
+    """Transactions the server counted in ``database`` (read from another one, so
+    that reading does not count)."""
+    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                        "WHERE datname = :db"
+                    ),
+                    {"db": database},
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def _wait_for(crawl: Crawl, proc: object, needle: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while needle not in crawl.log():
+        assert proc.poll() is None, crawl.log()[-3000:]  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"no {needle!r}:\n{crawl.log()[-3000:]}"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.long  # a minute of waiting, counted
+@pytest.mark.postgres
+def test_a_waiting_worker_costs_a_query_a_minute_and_takes_added_work_at_once(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """A worker with RELIABILITY_WAIT_FOR_WORK = 600 finishes its pages and waits:
+    over a minute of waiting the server counts at most 2 transactions in its database
+    (each of its statements is one); `status` says it waits; a URL added from
+    outside is fetched within 1 s of the command's return; `stop` ends it, exit 0,
+    within 5 s."""
+    config = SiteConfig(pages=5, latency_ms=10)
+    project = make_project(tmp_path)
+    url = make_url(postgres_url)
+    admin = url.set(database="postgres").render_as_string(hide_password=False)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        crawl = Crawl(
+            project,
+            site.start_urls(),
+            f"RELIABILITY_DATABASE_URL={postgres_url}",
+            "RELIABILITY_JOB=shared",
+            f"ITEMS_PATH={tmp_path / 'items.jsonl'}",
+            "RELIABILITY_WAIT_FOR_WORK=600",
+        )
+        proc = crawl.start()
+        try:
+            _wait_for(crawl, proc, "has no work left: waiting up to 600 s", 120)
+            status = frontier_cmd(
+                project, "status", "--database-url", postgres_url, "--job", "shared", "--json"
+            )
+            (worker,) = json.loads(status.stdout)["workers"]
+            assert worker["state"].startswith("waiting for work since"), worker
+            time.sleep(12)  # the server's statistics of what came before are flushed
+            before = _transactions(admin, str(url.database))
+            time.sleep(60)
+            during = _transactions(admin, str(url.database)) - before
+            added = site.start_urls()[0].rstrip("/") + "/status/200/waited"
+            done = frontier_cmd(
+                project, "add", "--database-url", postgres_url, "--job", "shared", added
+            )
+            added_at = time.time()
+            assert done.returncode == 0, done.stdout + done.stderr
+            deadline = time.monotonic() + 10
+            while not [e for e in read_jsonl(site.log_path) if e["path"] == "/status/200/waited"]:
+                assert time.monotonic() < deadline, crawl.log()[-3000:]
+                time.sleep(0.05)
+            fetched = [e for e in read_jsonl(site.log_path) if e["path"] == "/status/200/waited"]
+            _wait_for(crawl, proc, "Job shared has no work left", 30)
+            stop_at = time.monotonic()
+            done = frontier_cmd(project, "stop", "--database-url", postgres_url, "--job", "shared")
+            code = proc.wait(timeout=30)
+            stopped = time.monotonic() - stop_at
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    log = crawl.log()
+    late = fetched[0]["t"] - added_at
+    print(
+        f"waiting: {during} transactions in 60 s; the added URL fetched {late:.2f} s after "
+        f"the command returned; stopped {stopped:.1f} s after `stop` started"
+    )
+    assert during <= 2, during
+    assert late <= 1.0
+    assert code == 0 and stopped <= 5.0, log[-3000:]
+    assert "Woken (notified)" in log and "Stopping: scrapy frontier stop" in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_wait_that_runs_out_ends_as_finished(tmp_path: Path, postgres_url: str) -> None:
+    config = SiteConfig(pages=5, latency_ms=10)
+    project = make_project(tmp_path)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        crawl = Crawl(
+            project,
+            site.start_urls(),
+            f"RELIABILITY_DATABASE_URL={postgres_url}",
+            "RELIABILITY_JOB=shared",
+            f"ITEMS_PATH={tmp_path / 'items.jsonl'}",
+            "RELIABILITY_WAIT_FOR_WORK=3",
+        )
+        started = time.monotonic()
+        assert crawl.run(timeout=120) == 0, crawl.log()[-3000:]
+        took = time.monotonic() - started
+    log = crawl.log()
+    assert "waiting up to 3 s" in log and "Waited 3 s (RELIABILITY_WAIT_FOR_WORK)" in log
+    assert "'finish_reason': 'finished'" in log, log[-2000:]
+    assert took >= 3.0
+    status = frontier_cmd(
+        project, "status", "--database-url", postgres_url, "--job", "shared", "--json"
+    )
+    assert json.loads(status.stdout)["job"]["state"] == "finished"
+
+
+@pytest.mark.slow
+def test_sqlite_says_it_does_not_wait(tmp_path: Path) -> None:
+    config = SiteConfig(pages=3, latency_ms=10)
+    project = make_project(tmp_path)
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        crawl = Crawl(
+            project,
+            site.start_urls(),
+            f"ITEMS_PATH={tmp_path / 'items.jsonl'}",
+            "RELIABILITY_WAIT_FOR_WORK=600",
+        )
+        assert crawl.run(timeout=120) == 0, crawl.log()[-3000:]
+    log = crawl.log()
+    assert "RELIABILITY_WAIT_FOR_WORK is ignored on SQLite" in log
+    assert "has no work left" not in log

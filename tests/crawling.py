@@ -71,6 +71,38 @@ class Crawl:
             raise AssertionError(f"crawl did not finish in {timeout} s:\n{tail}") from None
 
 
+def shared_workers(
+    project: Path, site: Any, db_url: str, tmp_path: Path, *settings: str, n: int = 2
+) -> list[Crawl]:
+    """``n`` workers of one job, ``shared``, on ``db_url``: worker ``i`` writes its items
+    to ``tmp_path / items{i}.jsonl`` and its logs apart from the others'."""
+    crawls = [
+        Crawl(
+            project,
+            site.start_urls(),
+            f"RELIABILITY_DATABASE_URL={db_url}",
+            "RELIABILITY_JOB=shared",
+            f"ITEMS_PATH={tmp_path / f'items{i}.jsonl'}",
+            *settings,
+        )
+        for i in range(n)
+    ]
+    for i, crawl in enumerate(crawls):
+        crawl.runs = 100 * i  # run logs of one project apart: run1.log, run101.log...
+    return crawls
+
+
+def wait_for_requests(
+    site_log: Path, count: int, procs: list[Any], crawls: list[Crawl], timeout: float = 120
+) -> None:
+    """Until the site logged ``count`` page requests, every worker still running."""
+    deadline = time.monotonic() + timeout
+    while count_lines(site_log) < count:
+        assert all(p.poll() is None for p in procs), crawls[0].log()[-2000:]
+        assert time.monotonic() < deadline, "the crawl made no progress"
+        time.sleep(0.02)
+
+
 def count_lines(path: Path) -> int:
     try:
         with path.open("rb") as fh:

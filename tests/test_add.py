@@ -13,7 +13,13 @@ from scrapy_reliability.frontier import Frontier
 from scrapy_reliability.serialization import payload_to_request
 from scrapy_reliability.serialization.encode import added_request_payload
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
-from tests.crawling import Crawl, count_lines, make_project, pages_in, read_jsonl
+from tests.crawling import (
+    make_project,
+    pages_in,
+    read_jsonl,
+    shared_workers,
+    wait_for_requests,
+)
 from tests.test_cli import frontier_cmd
 
 
@@ -150,25 +156,11 @@ def test_an_url_added_to_a_running_job_is_fetched(tmp_path: Path, postgres_url: 
     config = SiteConfig(pages=80, latency_ms=100)
     project = make_project(tmp_path)
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
-        crawls = [
-            Crawl(
-                project,
-                site.start_urls(),
-                f"RELIABILITY_DATABASE_URL={postgres_url}",
-                "RELIABILITY_JOB=shared",
-                f"ITEMS_PATH={tmp_path / f'items{n}.jsonl'}",
-            )
-            for n in (0, 1)
-        ]
-        crawls[1].runs = 100
+        crawls = shared_workers(project, site, postgres_url, tmp_path)
         procs = [c.start() for c in crawls]
         added = site.start_urls()[0].rstrip("/") + "/status/200/added"
         try:
-            deadline = time.monotonic() + 120
-            while count_lines(site.log_path) < 30:
-                assert all(p.poll() is None for p in procs), crawls[0].log()[-2000:]
-                assert time.monotonic() < deadline, "the crawl made no progress"
-                time.sleep(0.05)
+            wait_for_requests(site.log_path, 30, procs, crawls)
             code, out = _add(project, postgres_url, added, "--json")
             added_at = time.time()
             codes = [p.wait(timeout=180) for p in procs]

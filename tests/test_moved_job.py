@@ -260,10 +260,11 @@ def test_delete_source_keeps_the_tombstone_moving_back_clears_it_and_the_overrid
 def test_operator_writes_on_the_source_are_refused_in_one_line_naming_the_target(
     tmp_path: Path, frontier_url: str
 ) -> None:
-    """Same code on either backend: requeue, purge (dead letters, pending), rekey and
-    a second move of the old copy are refused with one line naming the target, and
-    change nothing; RELIABILITY_ALLOW_MOVED lets one through; ``purge --whole-job``
-    removes the old copy and keeps the tombstone; ``purge --tombstone`` removes it."""
+    """Same code on either backend: requeue, purge (dead letters, pending), rekey, a
+    second move, pause, resume, limit, add and stop of the old copy are refused with
+    one line naming the target, and change nothing; RELIABILITY_ALLOW_MOVED lets one
+    through; ``purge --whole-job`` removes the old copy and keeps the tombstone;
+    ``purge --tombstone`` removes it."""
     source = with_password(frontier_url) if "postgresql" in frontier_url else frontier_url
     build_job(frontier_url)
     before = contents(frontier_url)
@@ -282,6 +283,11 @@ def test_operator_writes_on_the_source_are_refused_in_one_line_naming_the_target
         "purge pending": ("purge", "--pending", "--yes"),
         "rekey": ("rekey",),
         "move": ("move", "--to", f"sqlite:///{tmp_path / 'third.sqlite'}"),
+        "pause": ("pause", "--domain", "a.test"),
+        "resume": ("resume", "--domain", "a.test"),
+        "limit": ("limit", "--domain", "a.test", "--rate", "1"),
+        "add": ("add", "http://a.test/new"),
+        "stop": ("stop",),
     }
     for verb, args in refusals.items():
         line = one_error(frontier_cmd(tmp_path, *args, *on_source))

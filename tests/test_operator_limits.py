@@ -17,7 +17,7 @@ from scrapy_reliability.frontier import adaptive as ad
 from scrapy_reliability.frontier.politeness import DomainLimits, DomainState, Politeness
 from scrapy_reliability.frontier.schema import domains
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
-from tests.crawling import Crawl, count_lines, make_project, pages_in, read_jsonl
+from tests.crawling import make_project, pages_in, read_jsonl, shared_workers, wait_for_requests
 from tests.frontier_helpers import add
 from tests.test_cli import frontier_cmd
 from tests.test_politeness import _rows
@@ -183,28 +183,19 @@ def test_a_limit_holds_for_every_worker_at_once_and_a_reset_lifts_it(
     host = "127.0.0.3"
     project = make_project(tmp_path)
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
-        crawls = [
-            Crawl(
-                project,
-                site.start_urls(),
-                f"RELIABILITY_DATABASE_URL={postgres_url}",
-                "RELIABILITY_JOB=shared",
-                f"ITEMS_PATH={tmp_path / f'items{n}.jsonl'}",
-                "RELIABILITY_DOMAIN_RATE=0",
-                "RELIABILITY_DOMAIN_CONCURRENCY=0",
-                "CONCURRENT_REQUESTS_PER_DOMAIN=2",
-            )
-            for n in (0, 1)
-        ]
-        crawls[1].runs = 100
+        crawls = shared_workers(
+            project,
+            site,
+            postgres_url,
+            tmp_path,
+            "RELIABILITY_DOMAIN_RATE=0",
+            "RELIABILITY_DOMAIN_CONCURRENCY=0",
+            "CONCURRENT_REQUESTS_PER_DOMAIN=2",
+        )
         procs = [c.start() for c in crawls]
         args = ("--database-url", postgres_url, "--job", "shared")
         try:
-            deadline = time.monotonic() + 120
-            while count_lines(site.log_path) < 40:
-                assert all(p.poll() is None for p in procs), crawls[0].log()[-2000:]
-                assert time.monotonic() < deadline, "the crawl made no progress"
-                time.sleep(0.02)
+            wait_for_requests(site.log_path, 40, procs, crawls)
             done = frontier_cmd(project, "limit", *args, "--domain", host, "--rate", "2")
             limited_at = time.time()
             assert done.returncode == 0, done.stdout + done.stderr

@@ -12,7 +12,7 @@ import pytest
 
 from scrapy_reliability.frontier import Frontier, steering
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
-from tests.crawling import Crawl, count_lines, make_project, pages_in, read_jsonl
+from tests.crawling import make_project, pages_in, read_jsonl, shared_workers, wait_for_requests
 from tests.test_cli import frontier_cmd
 
 pytestmark = pytest.mark.postgres
@@ -69,28 +69,19 @@ def test_a_pause_holds_for_every_worker_at_once_and_a_resume_starts_it_again(
     paused_host = "127.0.0.3"
     project = make_project(tmp_path)
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
-        crawls = [
-            Crawl(
-                project,
-                site.start_urls(),
-                f"RELIABILITY_DATABASE_URL={postgres_url}",
-                "RELIABILITY_JOB=shared",
-                f"ITEMS_PATH={tmp_path / f'items{n}.jsonl'}",
-                # Scrapy's per-domain limit, no frontier cap: a worker holds up to a
-                # claim batch of a domain's requests while two at a time are sent.
-                "CONCURRENT_REQUESTS_PER_DOMAIN=2",
-                "RELIABILITY_DOMAIN_RATE=0",
-            )
-            for n in (0, 1)
-        ]
-        crawls[1].runs = 100
+        # Scrapy's per-domain limit, no frontier cap: a worker holds up to a claim
+        # batch of a domain's requests while two at a time are sent.
+        crawls = shared_workers(
+            project,
+            site,
+            postgres_url,
+            tmp_path,
+            "CONCURRENT_REQUESTS_PER_DOMAIN=2",
+            "RELIABILITY_DOMAIN_RATE=0",
+        )
         procs = [c.start() for c in crawls]
         try:
-            deadline = time.monotonic() + 120
-            while count_lines(site.log_path) < 60:
-                assert all(p.poll() is None for p in procs), crawls[0].log()[-2000:]
-                assert time.monotonic() < deadline, "the crawl made no progress"
-                time.sleep(0.02)
+            wait_for_requests(site.log_path, 60, procs, crawls)
             _cmd(project, postgres_url, "pause", "--domain", paused_host)
             paused_at = time.time()
             time.sleep(6)

@@ -16,7 +16,7 @@ from scrapy_reliability.frontier import Frontier, audit, steering
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.schema import audit as audit_table
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
-from tests.crawling import Crawl, count_lines, make_project, pages_in
+from tests.crawling import Crawl, make_project, pages_in, shared_workers, wait_for_requests
 from tests.test_cli import frontier_cmd
 
 
@@ -73,11 +73,20 @@ def test_stop_refuses_in_one_line_and_says_when_nothing_runs(
     frontier.close()
     project = make_project(tmp_path)
     args = ("--database-url", frontier_url)
-    done = frontier_cmd(project, "stop", *args, "--job", "nosuchjob")
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert (
-        done.stdout.startswith("error: job 'nosuchjob' never ran") and done.stdout.count("\n") == 1
-    ), done.stdout
+    # Every steering command refuses a job that never ran in one line (and in JSON).
+    for verb in (
+        ("stop",),
+        ("pause", "--domain", "a.test"),
+        ("resume", "--domain", "a.test"),
+        ("limit", "--domain", "a.test", "--rate", "1"),
+        ("add", "http://a.test/"),
+    ):
+        done = frontier_cmd(project, *verb, *args, "--job", "nosuchjob")
+        assert done.returncode == 1, (verb, done.stdout + done.stderr)
+        assert done.stdout.startswith("error: job 'nosuchjob' never ran"), verb
+        assert done.stdout.count("\n") == 1, done.stdout
+        done = frontier_cmd(project, *verb, *args, "--job", "nosuchjob", "--json")
+        assert done.returncode == 1 and "never ran" in json.loads(done.stdout)["error"]
     done = frontier_cmd(project, "stop", *args, "--job", "shared", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout) == {
@@ -109,24 +118,10 @@ def test_stop_ends_every_postgres_worker_at_once_and_the_same_command_resumes(
     config = SiteConfig(pages=120, latency_ms=200)
     project = make_project(tmp_path)
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
-        crawls = [
-            Crawl(
-                project,
-                site.start_urls(),
-                f"RELIABILITY_DATABASE_URL={postgres_url}",
-                "RELIABILITY_JOB=shared",
-                f"ITEMS_PATH={tmp_path / f'items{n}.jsonl'}",
-            )
-            for n in (0, 1)
-        ]
-        crawls[1].runs = 100
+        crawls = shared_workers(project, site, postgres_url, tmp_path)
         procs = [c.start() for c in crawls]
         try:
-            deadline = time.monotonic() + 120
-            while count_lines(site.log_path) < 60:
-                assert all(p.poll() is None for p in procs), crawls[0].log()[-2000:]
-                assert time.monotonic() < deadline, "the crawl made no progress"
-                time.sleep(0.05)
+            wait_for_requests(site.log_path, 60, procs, crawls)
             asked_at = time.monotonic()
             done = frontier_cmd(
                 project, "stop", "--database-url", postgres_url, "--job", "shared", "--json"
@@ -178,11 +173,7 @@ def test_stop_signals_the_crawl_that_holds_a_sqlite_frontier(tmp_path: Path) -> 
         )
         proc = crawl.start()
         try:
-            deadline = time.monotonic() + 120
-            while count_lines(site.log_path) < 30:
-                assert proc.poll() is None, crawl.log()[-2000:]
-                assert time.monotonic() < deadline, "the crawl made no progress"
-                time.sleep(0.05)
+            wait_for_requests(site.log_path, 30, [proc], [crawl])
             done = frontier_cmd(project, "stop", "--database-url", url, "--job", "shared", "--json")
             code = proc.wait(timeout=30)
         finally:

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
-from tests.crawling import Crawl, make_project, read_jsonl
+from tests.crawling import Crawl, make_project, read_jsonl, shared_workers
 from tests.test_cli import frontier_cmd
 
 
@@ -60,13 +60,8 @@ def test_a_waiting_worker_costs_a_query_a_minute_and_takes_added_work_at_once(
     url = make_url(postgres_url)
     admin = url.set(database="postgres").render_as_string(hide_password=False)
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
-        crawl = Crawl(
-            project,
-            site.start_urls(),
-            f"RELIABILITY_DATABASE_URL={postgres_url}",
-            "RELIABILITY_JOB=shared",
-            f"ITEMS_PATH={tmp_path / 'items.jsonl'}",
-            "RELIABILITY_WAIT_FOR_WORK=600",
+        (crawl,) = shared_workers(
+            project, site, postgres_url, tmp_path, "RELIABILITY_WAIT_FOR_WORK=600", n=1
         )
         proc = crawl.start()
         try:
@@ -119,13 +114,8 @@ def test_a_wait_that_runs_out_ends_as_finished(tmp_path: Path, postgres_url: str
     config = SiteConfig(pages=5, latency_ms=10)
     project = make_project(tmp_path)
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
-        crawl = Crawl(
-            project,
-            site.start_urls(),
-            f"RELIABILITY_DATABASE_URL={postgres_url}",
-            "RELIABILITY_JOB=shared",
-            f"ITEMS_PATH={tmp_path / 'items.jsonl'}",
-            "RELIABILITY_WAIT_FOR_WORK=3",
+        (crawl,) = shared_workers(
+            project, site, postgres_url, tmp_path, "RELIABILITY_WAIT_FOR_WORK=3", n=1
         )
         started = time.monotonic()
         assert crawl.run(timeout=120) == 0, crawl.log()[-3000:]

@@ -108,11 +108,11 @@ def newest(conn: Connection, job_id: int) -> int:
 
 
 def after(conn: Connection, job_id: int, mark: int, limit: int = 100) -> list[Entry]:
-    """The job's ``stop`` and ``add`` rows after the row ``mark``, oldest first: what a
-    live worker acts on (it stops; it claims again at once)."""
+    """The job's rows after the row ``mark``, oldest first (at most ``limit``): what a
+    live worker acts on (a ``stop``: it stops; an ``add``: it claims again at once)."""
     rows = conn.execute(
         select(audit.c.id, audit.c.at, audit.c.who, audit.c.action, audit.c.detail)
-        .where(audit.c.job_id == job_id, audit.c.id > mark, audit.c.action.in_((STOP, ADD)))
+        .where(audit.c.job_id == job_id, audit.c.id > mark)
         .order_by(audit.c.id)
         .limit(limit)
     )

@@ -177,7 +177,8 @@ def create(
         # retry (the scheduler retries every failed write and claim) gets a new one.
         limits = limits or SessionLimits()
         # Two for the database thread and the heartbeat's, two more under a burst, and
-        # one a crawl's worker holds for its life (its session lock: liveness.py).
+        # one a crawl's worker holds for its life (its session lock: liveness.py; a
+        # worker that may wait for work holds one more, its LISTEN: waiting.py).
         engine = create_engine(
             url, pool_size=3, max_overflow=2, connect_args=pgsession.connect_args(url, limits)
         )

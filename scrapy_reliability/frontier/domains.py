@@ -73,7 +73,6 @@ def new_row(job_id: int, name: str, now: float) -> dict[str, Any]:
         "domain": name,
         "tat": 0.0,
         "paused_until": 0.0,
-        "rate_factor": 1.0,
         "last_decrease_at": 0.0,
         "created_at": now,
     }

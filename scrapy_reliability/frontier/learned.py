@@ -196,7 +196,6 @@ def carry(
             "domain": row.domain,
             "tat": 0.0,
             "paused_until": 0.0,
-            "rate_factor": 1.0,
             "created_at": now,
             "adaptive_rate": state.rate,
             "learned_limit": state.limit,

@@ -241,7 +241,6 @@ domains = Table(
     Column("paused_until", Float, nullable=False),
     Column("pause_reason", Text, nullable=True),
     Column("crawl_delay", Float, nullable=True),
-    Column("rate_factor", Float, nullable=False),
     Column("last_decrease_at", Float, nullable=False),
     Column("created_at", Float, nullable=False),
     # The adaptive rate (frontier/adaptive.py); all zero: nothing learned.
@@ -260,8 +259,6 @@ domains = Table(
     Column("set_rate", Float, nullable=True),
     Column("set_concurrency", Integer, nullable=True),
     Column("set_reason", Text, nullable=True),
-    # The previous version's rate factor: written on insert, no longer read.
-    CheckConstraint("rate_factor > 0 AND rate_factor <= 1", name="rate_factor"),
 )
 
 #: Where each local feed file of a run stands (scrapy_reliability/_feeds.py): its size

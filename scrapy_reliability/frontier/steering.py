@@ -150,7 +150,8 @@ def read(engine: Engine, job_id: int, now: float, mark: int | None) -> Steer:
     stop = next((e for e in seen if e.action == audit.STOP), None)
     if stop is not None:
         return Steer(pauses, limits, mark, stop)
-    return Steer(pauses, limits, max((e.id for e in seen), default=mark), None, bool(seen))
+    added = any(e.action == audit.ADD for e in seen)
+    return Steer(pauses, limits, max((e.id for e in seen), default=mark), None, added)
 
 
 def set_limits(

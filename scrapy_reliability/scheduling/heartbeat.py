@@ -81,6 +81,10 @@ class Heartbeat:
         self._call.start(self.ctx.config.heartbeat_seconds, now=True)
         self.steering.start()
 
+    def steering_mark(self) -> int:
+        """The newest audit row this worker's steering has read (0: none yet)."""
+        return self.steering.mark if self.steering is not None else 0
+
     def submit(
         self, fn: Callable[..., Any], done: Callable[[Future[Any]], None], *args: Any
     ) -> Future[Any]:

@@ -55,6 +55,11 @@ class Steering:
         # The limits an operator set, as last read (by domain).
         self._limits: dict[str, SetLimit] = {}
 
+    @property
+    def mark(self) -> int:
+        """The newest audit row read (0: none yet)."""
+        return self._mark or 0
+
     def start(self) -> None:
         frontier = self.ctx.frontier
         if frontier is None or frontier.engine.dialect.name == "sqlite":

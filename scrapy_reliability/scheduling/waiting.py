@@ -48,7 +48,6 @@ class Waiting:
         self.active = False
         self.deadline = math.inf
         self._since = 0.0
-        self._newest = 0
         self._beat: Any = None
         self._beating: Future[tuple[bool, int]] | None = None
         self._listener: Listener | None = None
@@ -71,8 +70,10 @@ class Waiting:
         self._listener.start()
 
     def holds(self) -> bool:
-        """Nothing is pending anywhere: True while this worker waits for more."""
-        if not self.seconds or self.ctx.closing:
+        """Nothing is pending anywhere: True while this worker waits for more. Not
+        while it holds leases (its last pages still download: its heartbeat renews
+        them); it waits once they are settled."""
+        if not self.seconds or self.ctx.closing or len(self.claims.leases):
             return False
         now = self.ctx.clock.seconds()
         if not self.active:
@@ -153,11 +154,10 @@ class Waiting:
         if not self.active or future.exception() is not None:
             return  # a failing database: the next beat, or the woken worker, sees it
         has_rows, newest = future.result()
-        if self._newest and newest > self._newest:
-            self._wake("an operator's command")
+        if newest > self.heartbeat.steering_mark():
+            self._wake("an operator's command")  # its steering read says which
         elif has_rows:
             self._wake("the job has work")
-        self._newest = max(self._newest, newest)
 
     def _cancel_beat(self) -> None:
         if self._beat is not None and self._beat.active():

@@ -18,6 +18,7 @@ from typing import Any
 from scrapy.exceptions import UsageError
 
 from scrapy_reliability.commands.context import CommandFailed, Context
+from scrapy_reliability.commands.reports import worker_states
 from scrapy_reliability.commands.text import when
 from scrapy_reliability.frontier import audit, dialect, steering
 from scrapy_reliability.frontier.errors import FrontierLocked
@@ -217,8 +218,10 @@ def stop_job(ctx: Context, args: list[str]) -> None:
 def _stop_postgres(
     ctx: Context, spider: str | None, inspector: Inspector, job: JobInfo, who: str
 ) -> tuple[list[str], list[str]]:
-    since = ctx.now - ctx.config(spider).lease_seconds
-    live = sorted(w.id for w in inspector.live_workers(job.name, since=since))
+    # Alive, or waiting for work (it beats once a minute); not dead, not silent.
+    found = inspector.status(job, now=ctx.now).workers
+    states = worker_states(inspector.engine, found, ctx.now, ctx.config(spider))
+    live = sorted(w.id for w in found if states[w.id] == "alive" or states[w.id].startswith("wait"))
     if not live:
         return [], []
     steering.request_stop(

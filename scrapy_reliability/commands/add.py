@@ -18,7 +18,7 @@ from scrapy import Request
 from scrapy.exceptions import UsageError
 from scrapy.utils.httpobj import urlparse_cached
 
-from scrapy_reliability.commands.context import CommandFailed, Context
+from scrapy_reliability.commands.context import CommandFailed, Context, spider_class
 from scrapy_reliability.fingerprint import build_fingerprinter
 from scrapy_reliability.frontier import additions, audit
 from scrapy_reliability.frontier.records import NewRequest
@@ -167,15 +167,12 @@ def _callback(ctx: Context, spider: str | None, name: str | None) -> str | None:
         return None
     if spider is None:
         raise UsageError("--callback needs the SPIDER argument, to check the method is its")
-    from scrapy.spiderloader import get_spider_loader
-
-    try:
-        spidercls = get_spider_loader(ctx.settings_for(spider)).load(spider)
-    except (KeyError, ImportError, ValueError):
+    spidercls = spider_class(ctx.settings_for(spider), spider)
+    if spidercls is None:
         raise CommandFailed(
             f"--callback needs the spider {spider!r} in this project to check it; "
             "run the command in the project's directory"
-        ) from None
+        )
     if (
         not name.isidentifier()
         or name.startswith("_")

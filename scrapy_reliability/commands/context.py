@@ -125,15 +125,9 @@ class Context:
     def settings_for(self, spider: str | None) -> BaseSettings:
         """The project settings, with the spider's custom_settings when it can be loaded."""
         settings = self.settings.copy()
-        if spider:
-            try:
-                from scrapy.spiderloader import get_spider_loader
-
-                spidercls = get_spider_loader(settings).load(spider)
-            except (KeyError, ImportError, ValueError):
-                pass  # no such spider in this project (any more): its data may remain
-            else:
-                spidercls.update_settings(settings)
+        spidercls = spider_class(settings, spider) if spider else None
+        if spidercls is not None:  # else no such spider here (any more): its data may remain
+            spidercls.update_settings(settings)
         return settings
 
     def config(self, spider: str | None) -> Config:
@@ -257,6 +251,19 @@ class Context:
         if parsed.get_backend_name() != "sqlite":
             return _Nothing()
         return _Locked(dialect.SqliteProcessLock(parsed))
+
+
+def spider_class(settings: BaseSettings, name: str) -> Any:
+    """The project's spider class ``name``, loaded as ``scrapy crawl`` loads it (its
+    SPIDER_LOADER_CLASS; Scrapy 2.13 has no ``get_spider_loader``); None when the
+    project has no such spider."""
+    from scrapy.utils.misc import load_object
+
+    try:
+        loader = load_object(settings["SPIDER_LOADER_CLASS"]).from_settings(settings.frozencopy())
+        return loader.load(name)
+    except (KeyError, ImportError, ValueError, AttributeError):
+        return None
 
 
 class _Locked:

@@ -42,6 +42,8 @@ def test_an_added_payload_is_a_plain_get_with_a_callback_by_name() -> None:
 
 
 def _add(project: Path, url: str, *args: str) -> tuple[int, str]:
+    """``scrapy frontier add`` on job ``shared`` of ``url`` (``args``: a spider name,
+    URLs, options); its exit status and output."""
     done = frontier_cmd(project, "add", "--database-url", url, "--job", "shared", *args)
     return done.returncode, done.stdout + done.stderr
 
@@ -88,38 +90,18 @@ def test_add_keys_checks_and_names_each_url(tmp_path: Path, frontier_url: str) -
     assert code == 2 and "add needs URLs" in out
     code, out = _add(project, frontier_url, "http://a.test/3", "--callback", "parse_page")
     assert code == 2 and "--callback needs the SPIDER argument" in out
-    done = frontier_cmd(
-        project,
-        "add",
-        "pages",
-        "--database-url",
-        frontier_url,
-        "--job",
-        "shared",
-        "http://a.test/3",
-        "--callback",
-        "no_such_method",
+    code, out = _add(
+        project, frontier_url, "pages", "http://a.test/3", "--callback", "no_such_method"
     )
-    assert done.returncode == 1 and done.stdout.strip() == (
+    assert code == 1 and out.strip() == (
         "error: --callback 'no_such_method' is not a method of the spider 'pages'"
     )
     urls = tmp_path / "urls.txt"
     urls.write_text("# a comment\n\nhttp://a.test/4\nhttp://a.test/5\n", encoding="utf-8")
-    done = frontier_cmd(
-        project,
-        "add",
-        "pages",
-        "--database-url",
-        frontier_url,
-        "--job",
-        "shared",
-        "--from",
-        str(urls),
-        "--callback",
-        "parse_page",
-        "--json",
+    code, out = _add(
+        project, frontier_url, "pages", "--from", str(urls), "--callback", "parse_page", "--json"
     )
-    assert json.loads(done.stdout)["added"] == ["http://a.test/4", "http://a.test/5"], done.stdout
+    assert json.loads(out)["added"] == ["http://a.test/4", "http://a.test/5"], out
     code, out = _add(project, frontier_url, "http://a.test/6", "--job", "nope")
     assert code == 1 and "never ran" in out and out.count("\n") == 1, out
     status = json.loads(

@@ -43,7 +43,7 @@ def test_pause_and_resume_refuse_what_is_not_a_domain(tmp_path: Path, postgres_u
     assert paused["paused"] == ["example.com"] and paused["until"] > time.time() + 80
     frontier = Frontier.connect(postgres_url)
     try:
-        found = steering.paused_domains(frontier.engine, job.id, time.time())
+        found = steering.read(frontier.engine, job.id, time.time(), None).pauses
     finally:
         frontier.close()
     assert list(found) == ["example.com"]

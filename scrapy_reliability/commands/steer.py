@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from scrapy.exceptions import UsageError
@@ -50,10 +51,9 @@ def pause_domains(ctx: Context, args: list[str]) -> None:
     span = ctx.opts.for_ and parse_duration(ctx.opts.for_, "--for")
     inspector, job = ctx.job(spider, change="pause")
     until = ctx.now + (span or steering.UNTIL_RESUMED)
+    who = audit.operator()
     with ctx.writing():
-        steering.pause(
-            inspector.engine, job.id, names, until=until, who=audit.operator(), now=ctx.now
-        )
+        steering.pause(inspector.engine, job.id, names, until=until, who=who, now=ctx.now)
     shown = when(until, ctx.now) if span else "until resumed"
     if ctx.opts.json:
         ctx.print_json(
@@ -61,7 +61,7 @@ def pause_domains(ctx: Context, args: list[str]) -> None:
                 "job": job.name,
                 "paused": names,
                 "until": until if span else None,
-                "by": audit.operator(),
+                "by": who,
             }
         )
         return
@@ -227,17 +227,23 @@ def _stop_postgres(
     steering.request_stop(
         inspector.engine, job.id, f"{len(live)} live workers", who=who, now=ctx.now
     )
-    deadline = time.monotonic() + STOP_WAIT_SECONDS
-    while True:
-        gone = [w for w in live if _stopped(inspector, w)]
-        if len(gone) == len(live) or time.monotonic() >= deadline:
-            return live, gone
-        time.sleep(0.2)
+    _wait_until(lambda: all(_stopped(inspector, w) for w in live))
+    return live, [w for w in live if _stopped(inspector, w)]
 
 
 def _stopped(inspector: Inspector, worker_id: str) -> bool:
     found = inspector.worker(worker_id)
     return found is None or found.stopped_at is not None
+
+
+def _wait_until(done: Callable[[], bool]) -> bool:
+    """Whether ``done()`` came true within :data:`STOP_WAIT_SECONDS` (asked every 0.2 s)."""
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def _stop_sqlite(
@@ -246,12 +252,7 @@ def _stop_sqlite(
     """The crawl that holds the SQLite frontier's lock (its pid is in the lock
     file) gets SIGINT; gone once the lock is free."""
     lock = dialect.SqliteProcessLock(inspector.engine.url)
-    try:
-        lock.acquire()
-    except FrontierLocked:
-        pass
-    else:
-        lock.release()
+    if _lock_free(lock):
         return [], []  # no crawl runs on it
     pid = _holder(lock)
     if pid is None:
@@ -260,10 +261,8 @@ def _stop_sqlite(
             "crawl with Ctrl-C (or kill -INT) where it runs"
         )
     # The audit table takes an append while the crawl runs: one short write.
-    with inspector.engine.begin() as conn:
-        audit.record(
-            conn, job.id, audit.STOP, f"the crawl of pid {pid} (SIGINT)", who=who, at=ctx.now
-        )
+    detail = f"the crawl of pid {pid} (SIGINT)"
+    steering.request_stop(inspector.engine, job.id, detail, who=who, now=ctx.now)
     try:
         os.kill(pid, signal.SIGINT)
     except ProcessLookupError:
@@ -273,16 +272,17 @@ def _stop_sqlite(
             f"the crawl (pid {pid}) runs as another user: run this command as that user"
         ) from None
     name = f"pid {pid}"
-    deadline = time.monotonic() + STOP_WAIT_SECONDS
-    while time.monotonic() < deadline:
-        try:
-            lock.acquire()
-        except FrontierLocked:
-            time.sleep(0.2)
-            continue
-        lock.release()
-        return [name], [name]
-    return [name], []
+    return [name], ([name] if _wait_until(lambda: _lock_free(lock)) else [])
+
+
+def _lock_free(lock: dialect.SqliteProcessLock) -> bool:
+    """Whether no process holds the SQLite frontier's lock (taken and let go at once)."""
+    try:
+        lock.acquire()
+    except FrontierLocked:
+        return False
+    lock.release()
+    return True
 
 
 def _holder(lock: dialect.SqliteProcessLock) -> int | None:

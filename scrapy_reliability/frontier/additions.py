@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, select, update
 
 from scrapy_reliability.frontier import audit, wakeups
+from scrapy_reliability.frontier.operations import chunks
 from scrapy_reliability.frontier.records import NewRequest, WriteBatch
 from scrapy_reliability.frontier.schema import JOB_RUNNING, jobs, requests
 from scrapy_reliability.frontier.store import Frontier
@@ -37,11 +38,10 @@ def known_rows(engine: Engine, job_id: int, keys: Sequence[str]) -> dict[str, st
     wanted = list(keys) + [f"s:{k}" for k in keys]
     found: dict[str, str] = {}
     with engine.connect() as conn:
-        for start in range(0, len(wanted), 400):
+        for chunk in chunks(wanted):
             rows = conn.execute(
                 select(requests.c.fingerprint, requests.c.state).where(
-                    requests.c.job_id == job_id,
-                    requests.c.fingerprint.in_(wanted[start : start + 400]),
+                    requests.c.job_id == job_id, requests.c.fingerprint.in_(chunk)
                 )
             )
             for key, state in rows:

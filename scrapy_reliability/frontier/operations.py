@@ -5,7 +5,7 @@ with inspection."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Select, delete, func, select, update
 from sqlalchemy.sql.elements import ColumnElement
@@ -22,13 +22,15 @@ from scrapy_reliability.frontier.schema import (
     requests,
 )
 
+_T = TypeVar("_T")
+
 # Rows per IN (...) list: far below SQLite's bound-parameter limit.
 CHUNK = 400
 
 
-def chunks(ids: list[int]) -> Iterator[list[int]]:
+def chunks(ids: Sequence[_T]) -> Iterator[list[_T]]:
     for start in range(0, len(ids), CHUNK):
-        yield ids[start : start + CHUNK]
+        yield list(ids[start : start + CHUNK])
 
 
 def dead_filter(selection: DeadFilter) -> list[ColumnElement[bool]]:

@@ -4,7 +4,7 @@ domain, ``stop`` of a job (each recorded in the audit trail, ``audit.py``).
 A pause is the domain row's ``paused_until`` (the one Retry-After and ban signals
 set), with ``pause_reason`` naming who paused it and when: every claim of every
 worker honours it, and it survives restarts. Workers of a live PostgreSQL job read
-the job's pauses every second (:func:`paused_domains`), so requests they already
+the job's pauses every second (:func:`read`), so requests they already
 hold for a paused domain go back to pending instead of starting. A resume clears
 the pause and makes the rows that waited for it due at once. A stop is an audit
 row that live workers read with the pauses (:func:`read`) and stop at, gracefully.
@@ -106,12 +106,6 @@ def _due_now(conn: Connection, job_id: int, domain: str, until: float, now: floa
             .values(not_before=now)
         ).rowcount
     )
-
-
-def paused_domains(engine: Engine, job_id: int, now: float) -> dict[str, float]:
-    """The job's domains paused now, and until when."""
-    with engine.connect() as conn:
-        return _paused(conn, job_id, now)
 
 
 def _paused(conn: Connection, job_id: int, now: float) -> dict[str, float]:

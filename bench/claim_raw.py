@@ -55,7 +55,7 @@ SQLite (5 + 4 driver calls):
   RETURNING id``; COMMIT. (Before 2026-12-02's later change, a held check, ``SELECT
   json_group_array(id) ...``, came before the settle.)
 PostgreSQL (1 + 1 driver calls): the claim and the ack are each one statement in
-autocommit (``PostgresHotSql.write_alone``: no BEGIN, no COMMIT; the connection is put
+autocommit (``PostgresHotSql.write_single``: no BEGIN, no COMMIT; the connection is put
 in autocommit for the statement only, on both sides):
   claim: ``WITH due AS (the candidates: the same SELECT with %s and FOR UPDATE SKIP
   LOCKED), got AS (UPDATE reliability_requests SET state = 'leased', ... FROM due WHERE
@@ -208,16 +208,16 @@ BEGIN, CANDIDATES, LEASE_DUE, LEASE, LEASED, HELD, SETTLE, NOTHING_DUE, COMMIT =
     "nothing-due",
     "commit",
 )
-# PostgreSQL's one-statement write (``PostgresHotSql.write_alone``, in autocommit): the
+# PostgreSQL's one-statement write (``PostgresHotSql.write_single``, in autocommit): the
 # settlements alone, and the end of such a statement's own transaction (no COMMIT sent).
-SETTLE_ALONE, AUTOCOMMIT = "settle-alone", "autocommit"
+SETTLE_SINGLE, AUTOCOMMIT = "settle-single", "autocommit"
 
 
 def role_of(sql: str) -> str:
     if sql == "BEGIN IMMEDIATE":
         return BEGIN
     if sql.startswith("WITH done AS (UPDATE reliability_requests AS r SET state = "):
-        return SETTLE_ALONE
+        return SETTLE_SINGLE
     if sql.startswith("WITH due AS (SELECT id, domain, priority, claim_order FROM "):
         return LEASE_DUE
     if "SELECT id, domain, priority, claim_order FROM reliability_requests" in sql:
@@ -289,7 +289,7 @@ def build_params(
         return (*ids, token)
     if role == SETTLE:
         return ("done", now, *ids, token) if sqlite else ("done", now, list(ids), token)
-    if role == SETTLE_ALONE:
+    if role == SETTLE_SINGLE:
         return (now, _settles_json(ids, token))
     if role == BEGIN:
         return ()
@@ -301,7 +301,7 @@ def _settles_json(ids: Sequence[int], token: str) -> str:
     return json.dumps([[i, token, "done"] for i in ids], separators=(",", ":"))
 
 
-def _alone_claim(sql: str) -> bool:
+def _single_claim(sql: str) -> bool:
     """The lease of due rows as the one-statement write sends it: its one row holds
     the claimed rows as a JSON array (its third column)."""
     return "json_agg(json_build_array(" in sql
@@ -343,14 +343,14 @@ def record(url: str, backend: str, rows: Sequence[NewRequest], batch: int) -> Sc
         hot._execute = logged  # type: ignore[method-assign]
     if isinstance(hot, PostgresHotSql):
         # The one-statement write goes to the driver in autocommit, past the events.
-        run_alone = hot._run_alone
+        run_single = hot._run_single
 
-        def logged_alone(conn: Any, sql: str, params: Any) -> Any:
+        def logged_single(conn: Any, sql: str, params: Any) -> Any:
             log.append((sql, params))
             log.append((AUTOCOMMIT, None))
-            return run_alone(conn, sql, params)
+            return run_single(conn, sql, params)
 
-        hot._run_alone = logged_alone  # type: ignore[method-assign]
+        hot._run_single = logged_single  # type: ignore[method-assign]
     script = Script(backend)
     now = time.time()
     try:
@@ -494,7 +494,7 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
                     conn.execute(sql).close()
                 elif role == LEASE_DUE:
                     params = (job, now, job, now, batch, token, WORKER, now + LEASE_SECONDS, now)
-                    if _alone_claim(sql):
+                    if _single_claim(sql):
                         ids = [r[0] for r in _autocommit(conn, sql, params)[2] or ()]
                     else:
                         ids = [r[0] for r in conn.execute(sql, params).fetchall()]
@@ -543,7 +543,7 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
                 elif role == SETTLE:
                     params = ("done", now, *ids, token) if sqlite else ("done", now, ids, token)
                     held = {r[0] for r in conn.execute(sql, params).fetchall()}
-                elif role == SETTLE_ALONE:
+                elif role == SETTLE_SINGLE:
                     held = set(_autocommit(conn, sql, (now, _settles_json(ids, token)))[1] or ())
                 else:
                     raise AssertionError(role)
@@ -564,7 +564,7 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
 
 
 def _autocommit(conn: Any, sql: str, params: Sequence[Any]) -> Any:
-    """One statement in autocommit, its one row, as ``PostgresHotSql._run_alone``
+    """One statement in autocommit, its one row, as ``PostgresHotSql._run_single``
     sends it (the connection in autocommit for the statement only)."""
     conn.autocommit = True
     try:

@@ -41,7 +41,7 @@ class Addon:
     instead: the same handler, whose browser requests always come back.
 
     With ``RELIABILITY_RECRAWL_AFTER`` it adds
-    :class:`scrapy_reliability.recrawl.RecrawlMiddleware` (docs/recrawl.md). With
+    :class:`scrapy_reliability.incremental.RecrawlMiddleware` (docs/recrawl.md). With
     ``HTTPCACHE_STORAGE = "scrapy_reliability.HttpCacheStorage"`` it sets
     ``HTTPCACHE_POLICY`` to :class:`scrapy_reliability.HttpCachePolicy` (unless the
     project set one).
@@ -84,7 +84,7 @@ class Addon:
             config = _startup.check_settings(settings)
             _startup.warn_of_order(self.crawler, config)
             if config.recrawl.on:
-                from scrapy_reliability.recrawl import RecrawlMiddleware
+                from scrapy_reliability.incremental import RecrawlMiddleware
 
                 # Between HttpCompressionMiddleware (590) and the retry middleware
                 # (550): it hashes decoded bodies, the cache's included.

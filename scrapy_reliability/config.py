@@ -24,8 +24,8 @@ from scrapy_reliability.domain_limits import LimitsOrigin, _politeness, limits_t
 from scrapy_reliability.frontier.pgsession import SessionLimits
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.recrawl import RecrawlRules
+from scrapy_reliability.incremental import rules_from_settings
 from scrapy_reliability.output_config import OutputConfig, dead_letter_feeds
-from scrapy_reliability.recrawl import rules_from_settings
 from scrapy_reliability.settings_values import (
     MAX_AGE_SECONDS,
     MAX_CLAIM_BATCH,

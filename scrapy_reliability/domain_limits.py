@@ -140,7 +140,7 @@ def _politeness(settings: BaseSettings) -> tuple[Politeness, LimitsOrigin]:
                 "use rate, burst, concurrency and recrawl_after."
             )
         if not {"rate", "burst", "concurrency"} & set(options):
-            continue  # only recrawl_after (scrapy_reliability/recrawl.py)
+            continue  # only recrawl_after (scrapy_reliability/incremental.py)
         d_rate = default.rate
         if "rate" in options:
             d_rate = _float_in(

@@ -36,7 +36,7 @@ from scrapy_reliability.frontier import cache, dialect
 from scrapy_reliability.frontier.errors import first_line
 from scrapy_reliability.frontier.politeness import longest_match
 from scrapy_reliability.frontier.recrawl import DUE
-from scrapy_reliability.recrawl import cache_namespace
+from scrapy_reliability.incremental import cache_namespace
 from scrapy_reliability.scheduling.meta import RECRAWL_META, REVALIDATED_META
 from scrapy_reliability.settings_values import (
     MAX_SECONDS,

@@ -40,12 +40,12 @@ from scrapy_reliability.frontier import Frontier, Job, NewRequest
 from scrapy_reliability.retry import RetryPolicy
 from scrapy_reliability.scheduling import engine, scrapy_hooks
 from scrapy_reliability.scheduling.claims import ClaimBuffer
-from scrapy_reliability.scheduling.context import Clock, Context
+from scrapy_reliability.scheduling.crawl_context import Clock, Context
 from scrapy_reliability.scheduling.leases import LeaseBook, Stage
+from scrapy_reliability.scheduling.local_politeness import LocalPoliteness
 from scrapy_reliability.scheduling.meta import TASK_META
 from scrapy_reliability.scheduling.order import ClaimOrder
 from scrapy_reliability.scheduling.outcomes import Outcomes
-from scrapy_reliability.scheduling.politeness import LocalPoliteness
 from scrapy_reliability.scheduling.session import Session
 from scrapy_reliability.scheduling.storage import StorageHealth
 from scrapy_reliability.scheduling.writes import WritePipeline

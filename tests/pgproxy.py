@@ -341,8 +341,8 @@ class PgProxy:
             return
         if link.in_transaction:
             link.seen.update(p for p in self._reset_after if p in text)
-        alone = self._reset_statement
-        if alone is not None and not link.in_transaction and alone in text:
+        single = self._reset_statement
+        if single is not None and not link.in_transaction and single in text:
             self._reset_statement = None
             link.resetting = True
             link.until_sync = kind == b"B"  # Bind, Describe, Execute, Sync

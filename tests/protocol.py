@@ -184,7 +184,7 @@ class RecordingFrontier:
     clock: Clock
     commits: list[Commit] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
-    claims_alone: int = 0
+    claims_single: int = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
@@ -208,7 +208,7 @@ class RecordingFrontier:
         return result
 
     def claim(self, *args: Any, **kwargs: Any) -> Any:
-        self.claims_alone += 1
+        self.claims_single += 1
         kwargs.setdefault("now", self.clock.seconds())
         return self.real.claim(*args, **kwargs)
 

@@ -158,7 +158,7 @@ def test_a_write_on_the_event_loop_writes_what_the_thread_would(postgres_url: st
             ],
         )
         spec = ClaimSpec("w1", 5, 60.0)
-        plan = frontier.alone(job_id, batch, spec)
+        plan = frontier.single_write(job_id, batch, spec)
         assert plan is not None
         asked: list[Callable[[], Any]] = []
 
@@ -182,7 +182,7 @@ def test_a_write_on_the_event_loop_writes_what_the_thread_would(postgres_url: st
         failed = WriteBatch(
             transitions=[Transition(b.id, b.token, Outcome.RESCHEDULE, error="timeout")]
         )
-        assert frontier.alone(job_id, failed) is None
+        assert frontier.single_write(job_id, failed) is None
     finally:
         frontier.close()
 
@@ -194,7 +194,7 @@ def test_a_connection_the_server_drops_is_a_storage_failure_and_the_next_write_r
     frontier = Frontier.connect(postgres_url, auto_migrate=True)
     try:
         job_id = frontier.open_job("spider", SCHEME).id
-        first = frontier.alone(job_id, WriteBatch(inserts=[req("a")]))
+        first = frontier.single_write(job_id, WriteBatch(inserts=[req("a")]))
         assert first is not None
         assert asyncio.run(frontier.write_async(first, _same_thread)).inserted == {"a"}
         with frontier.engine.connect() as conn:
@@ -207,13 +207,13 @@ def test_a_connection_the_server_drops_is_a_storage_failure_and_the_next_write_r
             conn.commit()
         assert dropped
         time.sleep(0.2)
-        second = frontier.alone(job_id, WriteBatch(inserts=[req("b")]))
+        second = frontier.single_write(job_id, WriteBatch(inserts=[req("b")]))
         assert second is not None
         with pytest.raises(Exception) as raised:
             asyncio.run(frontier.write_async(second, _same_thread))
         assert is_storage_failure(raised.value)
         assert "https://example.com/b" not in str(raised.value)  # no parameters shown
-        again = frontier.alone(job_id, WriteBatch(inserts=[req("b")]))
+        again = frontier.single_write(job_id, WriteBatch(inserts=[req("b")]))
         assert again is not None
         assert asyncio.run(frontier.write_async(again, _same_thread)).inserted == {"b"}
     finally:
@@ -224,7 +224,7 @@ def test_sqlite_writes_stay_on_the_thread(sqlite_url: str) -> None:
     frontier = Frontier.connect(sqlite_url, auto_migrate=True)
     try:
         job_id = frontier.open_job("spider", SCHEME).id
-        assert frontier.alone(job_id, WriteBatch(inserts=[req("a")])) is None
+        assert frontier.single_write(job_id, WriteBatch(inserts=[req("a")])) is None
     finally:
         frontier.close()
 
@@ -249,7 +249,7 @@ def test_feed_positions_commit_with_the_acks_in_the_one_statement(postgres_url: 
             transitions=[Transition(a.id, a.token, Outcome.DONE)],
             feed_positions={"h:/a.jsonl": (120, 3)},
         )
-        plan = frontier.alone(job_id, batch)
+        plan = frontier.single_write(job_id, batch)
         assert plan is not None, "feed positions must not cost the one-statement write"
         assert asyncio.run(frontier.write_async(plan, _same_thread)).settled == [a.id]
         assert feeds.positions(frontier.engine, job_id) == {
@@ -300,7 +300,7 @@ def test_sink_items_go_in_the_one_statement_only_with_their_pages_ack(postgres_u
             ],
             items_table="scraped",
         )
-        plan = frontier.alone(job_id, batch)
+        plan = frontier.single_write(job_id, batch)
         assert plan is not None, "sink items must not cost the one-statement write"
         result = asyncio.run(frontier.write_async(plan, _same_thread))
         assert result.settled == [a.id] and result.lost == [b.id]
@@ -312,7 +312,7 @@ def test_sink_items_go_in_the_one_statement_only_with_their_pages_ack(postgres_u
         assert sorted(rows) == [(a.id, 0, '{"n": 1}'), (a.id, 1, '{"n": 2}')]
         assert item_sink.stored(frontier.engine, "scraped", job_id) == 2
         # Written again (its answer lost): nothing is added.
-        again = frontier.alone(job_id, dataclasses.replace(batch, retried=True))
+        again = frontier.single_write(job_id, dataclasses.replace(batch, retried=True))
         assert again is not None
         asyncio.run(frontier.write_async(again, _same_thread))
         assert item_sink.stored(frontier.engine, "scraped", job_id) == 2

@@ -24,7 +24,7 @@ from scrapy_reliability._watchdog import STALL, Watchdog
 from scrapy_reliability.config import Config, SettingError
 from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, WriteBatch, schema
 from scrapy_reliability.frontier.pgsession import SessionLimits
-from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.crawl_context import Context
 from scrapy_reliability.scheduling.heartbeat import Heartbeat
 from tests.protocol import Core, Fault, storage_failure
 

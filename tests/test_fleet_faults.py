@@ -57,7 +57,7 @@ def stat(log: str, name: str) -> int:
     return int(found.group(1)) if found else 0
 
 
-def run_alone(crawl: Crawl, timeout: float) -> tuple[int, float]:
+def run_single(crawl: Crawl, timeout: float) -> tuple[int, float]:
     started = time.monotonic()
     code = crawl.run(timeout=timeout)
     return code, time.monotonic() - started
@@ -85,7 +85,7 @@ def test_ambiguous_claim_commits_cost_at_most_a_lease(tmp_path: Path, postgres_u
         url = proxy.url(postgres_url)
         with SiteProcess(config, log_path=tmp_path / "quiet.jsonl") as site:
             quiet, quiet_items = worker(tmp_path, site, url, "quiet", *ONE_HOST_CAPPED)
-            code, quiet_took = run_alone(quiet, timeout=300)
+            code, quiet_took = run_single(quiet, timeout=300)
             assert code == 0, quiet.log()[-3000:]
         with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
             crawl, items = worker(tmp_path, site, url, "faulty", *ONE_HOST_CAPPED)

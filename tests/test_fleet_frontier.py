@@ -127,7 +127,7 @@ def test_a_claim_lost_on_the_event_loop_goes_back_before_the_next(
         return fn()
 
     async def write() -> Any:
-        w = frontier.alone(job_id, WriteBatch(), claim)
+        w = frontier.single_write(job_id, WriteBatch(), claim)
         assert w is not None
         return await frontier.write_async(w, on_thread)
 

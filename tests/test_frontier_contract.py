@@ -901,7 +901,7 @@ def test_a_rolled_back_write_does_not_lose_its_domain_row(sqlite_url: str) -> No
 # -- SQLite: new requests alone are one statement ---------------------------------------------
 
 
-def test_new_requests_alone_are_one_sqlite_statement_without_begin_or_commit(
+def test_new_requests_are_one_sqlite_statement_without_begin_or_commit(
     sqlite_url: str,
 ) -> None:
     frontier = Frontier.connect(sqlite_url)

@@ -206,7 +206,7 @@ def test_the_package_has_no_import_cycle() -> None:
     # The walk sees imports inside functions (RetryPass imports the frontier's error
     # classes when it parses its setting), not those only type checkers run.
     assert "scrapy_reliability.frontier.store" in graph["scrapy_reliability.config"]
-    assert "scrapy_reliability.config" not in graph["scrapy_reliability.scheduling.context"]
+    assert "scrapy_reliability.config" not in graph["scrapy_reliability.scheduling.crawl_context"]
     cycles = _cycles(graph)
     assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 

@@ -182,7 +182,7 @@ def test_a_storage_failure_is_waited_out_and_nothing_is_dropped(core: Core) -> N
 def test_a_claim_asked_for_during_a_write_rides_on_the_next_write(core: Core) -> None:
     core.enqueue(f"{SITE}/p/0")
     core.run()
-    alone_before = core.frontier.claims_alone
+    single_before = core.frontier.claims_single
     # A write is in flight (its completion not yet run) when the engine asks.
     core.enqueue(f"{SITE}/p/1")
     core.db.hold()
@@ -192,7 +192,7 @@ def test_a_claim_asked_for_during_a_write_rides_on_the_next_write(core: Core) ->
     core.enqueue(f"{SITE}/p/2")  # something to write, which the claim rides on
     core.db.release()
     core.run()
-    assert core.frontier.claims_alone == alone_before
+    assert core.frontier.claims_single == single_before
     assert core.frontier.commits[-1].claimed
     assert core.frontier.commits[-1].inserted == [f"{SITE}/p/2"]
     got = {core.scheduler.next_request().url for _ in range(3)}
@@ -278,7 +278,7 @@ def test_the_recording_frontier_sees_every_commit(core: Core) -> None:
 
 
 def _claims(core: Core) -> int:
-    return core.frontier.claims_alone + sum(1 for c in core.frontier.commits if c.claimed)
+    return core.frontier.claims_single + sum(1 for c in core.frontier.commits if c.claimed)
 
 
 def test_new_rows_of_a_rate_held_domain_wait_for_its_bucket_others_claim_at_once(
@@ -538,13 +538,13 @@ def test_an_ack_that_frees_a_capped_domain_carries_the_claim_it_calls_for(
     core.run()
     first, _second = core.next_request(), core.next_request()
     assert core.scheduler._claims.idle_until == float("inf")  # only a lease ending helps
-    alone = core.frontier.claims_alone
+    claims_before = core.frontier.claims_single
     core.download(first)
     core.scraped(first)
     core.run()
     (ack,) = _settled_commits(core)
     assert ack.claimed  # one transaction: the ack, then the claim it makes possible
-    assert core.frontier.claims_alone == alone
+    assert core.frontier.claims_single == claims_before
     assert core.next_request().url.startswith(SITE)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from scrapy_reliability.commands.report_html import embed_json
+from scrapy_reliability.commands.report_page import embed_json
 from scrapy_reliability.frontier import Frontier, Outcome, Transition, WriteBatch
 from scrapy_reliability.frontier.history import MAX_BUCKETS, bucket_width
 from scrapy_reliability.frontier.politeness import Politeness

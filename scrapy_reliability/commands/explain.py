@@ -13,7 +13,7 @@ from scrapy.settings import BaseSettings
 
 from scrapy_reliability.canonical import canonical_or_same
 from scrapy_reliability.commands.context import Context
-from scrapy_reliability.commands.reports import domain_limits_text
+from scrapy_reliability.commands.listings import domain_limits_text
 from scrapy_reliability.commands.text import ago, when
 from scrapy_reliability.frontier.inspect import Explanation
 from scrapy_reliability.frontier.politeness import DomainLimits

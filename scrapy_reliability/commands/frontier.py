@@ -49,6 +49,7 @@ from scrapy_reliability.commands.cache import cache_entries
 from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.commands.doctor import check_setup
 from scrapy_reliability.commands.explain import explain_urls
+from scrapy_reliability.commands.listings import show_dead, show_domains, show_status
 from scrapy_reliability.commands.move import move_job
 from scrapy_reliability.commands.operations import (
     forget_learned,
@@ -57,9 +58,8 @@ from scrapy_reliability.commands.operations import (
     requeue_dead,
 )
 from scrapy_reliability.commands.rekey import rekey
-from scrapy_reliability.commands.report import write_report
-from scrapy_reliability.commands.report_html import ReportAssetMissing
-from scrapy_reliability.commands.reports import show_dead, show_domains, show_status
+from scrapy_reliability.commands.report_figures import write_report
+from scrapy_reliability.commands.report_page import ReportAssetMissing
 from scrapy_reliability.commands.steer import (
     limit_domains,
     pause_domains,

@@ -19,7 +19,7 @@ from typing import Any
 from scrapy.exceptions import UsageError
 
 from scrapy_reliability.commands.context import CommandFailed, Context
-from scrapy_reliability.commands.reports import worker_states
+from scrapy_reliability.commands.listings import worker_states
 from scrapy_reliability.commands.text import when
 from scrapy_reliability.frontier import audit, dialect, steering
 from scrapy_reliability.frontier.errors import FrontierLocked

@@ -22,7 +22,6 @@ from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import clock, dialect, jobs, liveness
-from scrapy_reliability.frontier.alone import AloneWrite, AloneWrites, OnThread
 from scrapy_reliability.frontier.claim import Claimer
 from scrapy_reliability.frontier.connections import Connections, open_engine
 from scrapy_reliability.frontier.domains import DomainRows
@@ -50,6 +49,7 @@ from scrapy_reliability.frontier.records import (
 )
 from scrapy_reliability.frontier.recrawl import RecrawlRules
 from scrapy_reliability.frontier.seen import SeenSet
+from scrapy_reliability.frontier.single_writes import OnThread, SingleWrite, SingleWrites
 from scrapy_reliability.frontier.transitions import WritePath
 
 SQLAlchemyError = _SQLAlchemyError
@@ -75,7 +75,7 @@ class Frontier:
         self._leases = Leases(engine, self._transaction, self._reading)
         self.tokens = tokens = self._leases.tokens  # the claims it handed out (tokens.py)
         self._claims = Claimer(sql, self._domains, tokens.sending)
-        self._alone = AloneWrites(
+        self._single = SingleWrites(
             engine, sql, self._claims, self._db.one_statement, self._transaction, tokens=tokens
         )
         self._seen = SeenSet(engine)
@@ -137,7 +137,7 @@ class Frontier:
         return cls(engine, lock=lock)
 
     def close(self) -> None:
-        self._alone.close()
+        self._single.close()
         self._db.close()
 
     def sever(self) -> None:
@@ -313,44 +313,44 @@ class Frontier:
                 self.deadlocks += 1
         raise AssertionError("unreachable")
 
-    def _settles_alone(
+    def _settles_single(
         self, job_id: int, batch: WriteBatch, claim: ClaimSpec | None, policy: Politeness | None
     ) -> list[tuple[int, str, str]] | None:
         """The settlements of ``batch`` when it goes as one statement with ``claim``
-        (see ``HotSql.write_alone``), else None (a transaction)."""
-        settles = self._writes.settlements_alone(job_id, batch, policy)
+        (see ``HotSql.write_single``), else None (a transaction)."""
+        settles = self._writes.settlements_single(job_id, batch, policy)
         claims = claim is not None
         if settles is None or (claim and (claim.politeness or Politeness()).limits_anything):
             return None
         output = bool(batch.feed_positions or batch.items)
-        alone = self._sql.writes_alone(len(batch.inserts), len(settles), claims, output)
-        return settles if alone else None
+        single = self._sql.writes_single(len(batch.inserts), len(settles), claims, output)
+        return settles if single else None
 
-    def alone(
+    def single_write(
         self,
         job_id: int,
         batch: WriteBatch,
         claim: ClaimSpec | None = None,
         *,
         politeness: Politeness | None = None,
-    ) -> AloneWrite | None:
+    ) -> SingleWrite | None:
         """:meth:`write`'s arguments as a write :meth:`write_async` takes: one
         statement on PostgreSQL. None when the write needs :meth:`write`. It
         reads only what this frontier holds in memory; a call running meanwhile
         may change the answer, so plan again when no other call runs, as
         :meth:`write_async` must run."""
-        if not self._alone.runs_async:
+        if not self._single.runs_async:
             return None
         policy = politeness or (claim.politeness if claim is not None else None)
-        settles = self._settles_alone(job_id, batch, claim, policy)
+        settles = self._settles_single(job_id, batch, claim, policy)
         if settles is None:
             return None
-        return self._alone.plan(job_id, batch, settles, claim, clock.now(), pinned=False)
+        return self._single.plan(job_id, batch, settles, claim, clock.now(), pinned=False)
 
     async def write_async(
-        self, w: AloneWrite, on_thread: OnThread[ClaimResult | None]
+        self, w: SingleWrite, on_thread: OnThread[ClaimResult | None]
     ) -> WriteResult:
-        """Run ``w`` (from :meth:`alone`) on the calling asyncio event loop, on a
+        """Run ``w`` (from :meth:`single_write`) on the calling asyncio event loop, on a
         connection of its own: no thread waits for the server. A claim that comes
         back short is completed through ``on_thread`` (a call of this frontier
         on the thread that makes the others, awaited)."""
@@ -358,7 +358,7 @@ class Frontier:
         for attempt in range(_DEADLOCK_RETRIES):
             try:
                 with self.tokens.claiming() as landed:
-                    return landed(await self._alone.write_async(w, on_thread))
+                    return landed(await self._single.write_async(w, on_thread))
             except DBAPIError as exc:
                 if attempt + 1 == _DEADLOCK_RETRIES or not dialect.is_retryable(exc):
                     raise
@@ -375,10 +375,10 @@ class Frontier:
         *,
         pinned: bool = False,
     ) -> WriteResult:
-        settles = self._settles_alone(job_id, batch, claim, policy)
+        settles = self._settles_single(job_id, batch, claim, policy)
         if settles is not None:
-            w = self._alone.plan(job_id, batch, settles, claim, now, pinned=pinned)
-            return self._alone.write(w)
+            w = self._single.plan(job_id, batch, settles, claim, now, pinned=pinned)
+            return self._single.write(w)
         acks = any(tr.outcome is Outcome.DONE for tr in batch.transitions)
         with self._transaction() as conn:
             inserted, settled, lost, adapted = self._writes.apply(conn, job_id, batch, now, policy)
@@ -420,9 +420,9 @@ class Frontier:
         limited = (politeness or Politeness()).limits_anything
         self._leases.resolve()
         with self.tokens.claiming() as landed:
-            if self._sql.writes_alone(0, 0, True) and not limited:
-                w = self._alone.plan(job_id, WriteBatch(), [], spec, now, pinned=pinned)
-                claimed = landed(self._alone.write(w)).claimed
+            if self._sql.writes_single(0, 0, True) and not limited:
+                w = self._single.plan(job_id, WriteBatch(), [], spec, now, pinned=pinned)
+                claimed = landed(self._single.write(w)).claimed
                 assert claimed is not None
                 return claimed
             with self._transaction() as conn:

@@ -119,13 +119,13 @@ class WritePath:
                 )
         return inserted, settled, lost, adapted
 
-    def settlements_alone(
+    def settlements_single(
         self, job_id: int, batch: WriteBatch, policy: Politeness | None
     ) -> list[tuple[int, str, str]] | None:
         """(row, claim token, final state) of each transition, when the batch holds
         nothing but new requests and plain settlements (done or ignored, no error,
         nothing for the domains or recrawls to learn): what
-        :meth:`HotSql.write_alone` writes in one statement. None otherwise: the
+        :meth:`HotSql.write_single` writes in one statement. None otherwise: the
         batch takes :meth:`apply` in a transaction."""
         if batch.dead_items or batch.refusals or batch.domain_updates or batch.clear_dead_letters:
             return None

@@ -25,7 +25,7 @@ from scrapy_reliability.frontier.politeness import PACE_AHEAD
 from scrapy_reliability.frontier.recrawl import DUE, PARSE
 from scrapy_reliability.scheduling import engine, frontier_calls
 from scrapy_reliability.scheduling.batches import WRITE_RETRY_SECONDS
-from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.crawl_context import Context
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
 from scrapy_reliability.scheduling.meta import ATTEMPTS_META, ITEMS_META, RECRAWL_META, TASK_META
 from scrapy_reliability.scheduling.storage import StorageHealth

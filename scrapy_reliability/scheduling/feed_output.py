@@ -40,7 +40,7 @@ from scrapy_reliability.scheduling import scrapy_hooks
 from scrapy_reliability.scheduling.meta import TASK_META
 
 if TYPE_CHECKING:
-    from scrapy_reliability.scheduling.context import Context
+    from scrapy_reliability.scheduling.crawl_context import Context
 
 logger = logging.getLogger(__name__)
 

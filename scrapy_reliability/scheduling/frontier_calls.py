@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from scrapy_reliability.frontier import ClaimResult, ClaimSpec, WriteBatch, WriteResult
 
 if TYPE_CHECKING:
-    from scrapy_reliability.scheduling.context import Context
+    from scrapy_reliability.scheduling.crawl_context import Context
 
 
 def write(
@@ -34,12 +34,12 @@ def write(
     def write_on_thread() -> WriteResult:
         return frontier.write(job_id, batch, claim=claim, politeness=politeness)
 
-    if ctx.db.runs_async and frontier.alone(job_id, batch, claim, politeness=politeness):
+    if ctx.db.runs_async and frontier.single_write(job_id, batch, claim, politeness=politeness):
 
         async def on_loop() -> WriteResult:
             # Planned again now that it is this call's turn: the calls before it
             # may have changed what the batch needs (and the claim's clock).
-            w = frontier.alone(job_id, batch, claim, politeness=politeness)
+            w = frontier.single_write(job_id, batch, claim, politeness=politeness)
             if w is None:
                 return await ctx.db.on_thread(write_on_thread)
             return await frontier.write_async(w, ctx.db.on_thread)
@@ -71,10 +71,10 @@ def claim(
             politeness=s.politeness,
         )
 
-    if ctx.db.runs_async and frontier.alone(job_id, WriteBatch(), spec()):
+    if ctx.db.runs_async and frontier.single_write(job_id, WriteBatch(), spec()):
 
         async def on_loop() -> ClaimResult:
-            w = frontier.alone(job_id, WriteBatch(), spec())
+            w = frontier.single_write(job_id, WriteBatch(), spec())
             if w is None:
                 return await ctx.db.on_thread(claim_on_thread)
             claimed = (await frontier.write_async(w, ctx.db.on_thread)).claimed

@@ -33,7 +33,7 @@ from scrapy_reliability.scheduling.steered import Steering
 
 if TYPE_CHECKING:
     from scrapy_reliability.scheduling.claims import ClaimBuffer
-    from scrapy_reliability.scheduling.context import Context
+    from scrapy_reliability.scheduling.crawl_context import Context
     from scrapy_reliability.scheduling.outcomes import Outcomes
     from scrapy_reliability.scheduling.storage import StorageHealth
 

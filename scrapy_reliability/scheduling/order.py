@@ -27,7 +27,7 @@ from __future__ import annotations
 from scrapy import Request
 
 from scrapy_reliability.config import CrawlOrder
-from scrapy_reliability.scheduling.context import Clock
+from scrapy_reliability.scheduling.crawl_context import Clock
 
 #: Sequence numbers stay below this (microseconds since 1970: for 36,000 years).
 _SPAN = 2**60

@@ -26,11 +26,11 @@ from scrapy_reliability.frontier.store import storable_text
 from scrapy_reliability.items import DeadLetter, export_to_dead_letter_feeds
 from scrapy_reliability.retry import ErrorClass, RetryPolicy
 from scrapy_reliability.scheduling import engine
-from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.crawl_context import Context
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
+from scrapy_reliability.scheduling.local_politeness import LocalPoliteness
 from scrapy_reliability.scheduling.meta import CONTENT_META, failure_of, retry_of
 from scrapy_reliability.scheduling.order import ClaimOrder
-from scrapy_reliability.scheduling.politeness import LocalPoliteness
 from scrapy_reliability.scheduling.writes import WritePipeline
 from scrapy_reliability.serialization import (
     MissingCallback,

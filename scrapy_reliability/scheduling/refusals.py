@@ -9,7 +9,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_reliability.frontier import Refusal, WriteBatch
 from scrapy_reliability.frontier.store import storable_text
-from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.crawl_context import Context
 from scrapy_reliability.serialization import MAX_PRIORITY, MIN_PRIORITY, request_to_payload
 
 logger = logging.getLogger("scrapy_reliability.scheduler")

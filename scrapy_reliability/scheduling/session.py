@@ -27,7 +27,7 @@ from scrapy_reliability.frontier.schema import JOB_RUNNING
 from scrapy_reliability.frontier.store import UNPROCESSED_CLASSES
 from scrapy_reliability.scheduling import engine, jobdb, start_lines, stock_jobdir
 from scrapy_reliability.scheduling.claims import ClaimBuffer
-from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.crawl_context import Context
 from scrapy_reliability.scheduling.heartbeat import Heartbeat, report_db
 from scrapy_reliability.scheduling.outcomes import Outcomes
 from scrapy_reliability.scheduling.storage import StorageHealth

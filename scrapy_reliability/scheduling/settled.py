@@ -14,7 +14,7 @@ from pydispatch import dispatcher  # type: ignore[import-untyped]
 
 from scrapy_reliability import signals as reliability_signals
 from scrapy_reliability.frontier import LeaseLost, Outcome, Transition, WriteBatch, WriteResult
-from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.crawl_context import Context
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from scrapy_reliability.scheduling import engine
 
 if TYPE_CHECKING:
     from scrapy_reliability.scheduling.claims import ClaimBuffer
-    from scrapy_reliability.scheduling.context import Context
-    from scrapy_reliability.scheduling.politeness import LocalPoliteness
+    from scrapy_reliability.scheduling.crawl_context import Context
+    from scrapy_reliability.scheduling.local_politeness import LocalPoliteness
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
 

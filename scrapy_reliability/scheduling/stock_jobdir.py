@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
     from scrapy_reliability.frontier import Frontier
-    from scrapy_reliability.scheduling.context import Context
+    from scrapy_reliability.scheduling.crawl_context import Context
     from scrapy_reliability.scheduling.credentials import HeldCredentials
 
 logger = logging.getLogger("scrapy_reliability.scheduler")

@@ -12,7 +12,7 @@ from scrapy_reliability.frontier.dialect import is_lock_timeout, redact, scrub
 from scrapy_reliability.frontier.store import is_storage_failure
 from scrapy_reliability.scheduling import engine
 from scrapy_reliability.scheduling.batches import SYSTEMATIC_FAILURES, WRITE_RETRY_SECONDS, one_line
-from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.crawl_context import Context
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
 
@@ -30,8 +30,8 @@ class StorageHealth:
         self.retry_at = 0.0
         self._failing_since: float | None = None
         self._failures = 0
-        # Changes refused alone in a row, nothing written in between.
-        self.alone_failures = 0
+        # Changes refused one by one in a row, nothing written in between.
+        self.single_failures = 0
         self._give_up_seconds = ctx.config.storage_give_up_seconds
         # The crawl is stopping for the database: nothing more is written.
         self.stopping = False
@@ -50,7 +50,7 @@ class StorageHealth:
         """A database call succeeded: no failure streak is going on."""
         self._failing_since = None
         self._failures = 0
-        self.alone_failures = 0
+        self.single_failures = 0
         self._lock_waits = False
 
     def trouble(self, exc: BaseException) -> bool:
@@ -125,11 +125,11 @@ class StorageHealth:
         self.ctx.stats.set_value("reliability/db/unanswered_seconds", round(self.silent, 1))
         self.stop(TimeoutError(), self.silent, silent=True)
 
-    def refused_alone(self) -> bool:
-        """One more change refused alone; True when that makes the database one
+    def refused_single(self) -> bool:
+        """One more change refused on its own; True when that makes the database one
         that refuses everything (the crawl must stop)."""
-        self.alone_failures += 1
-        return self.alone_failures >= SYSTEMATIC_FAILURES
+        self.single_failures += 1
+        return self.single_failures >= SYSTEMATIC_FAILURES
 
     def stop(
         self, exc: BaseException, lasted: float, *, systematic: bool = False, silent: bool = False
@@ -151,7 +151,7 @@ class StorageHealth:
         elif systematic:
             message = (
                 f"The frontier database {where} refused {SYSTEMATIC_FAILURES} changes in a "
-                f"row, each alone: {self.cause(exc)}. Fix it (permissions, schema) and run "
+                f"row, each on its own: {self.cause(exc)}. Fix it (permissions, schema) and run "
                 "the same command again: the crawl resumes where it stopped."
             )
         else:

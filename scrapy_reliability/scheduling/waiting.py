@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from scrapy_reliability.scheduling.claims import ClaimBuffer
-    from scrapy_reliability.scheduling.context import Context
+    from scrapy_reliability.scheduling.crawl_context import Context
     from scrapy_reliability.scheduling.heartbeat import Heartbeat
 
 logger = logging.getLogger("scrapy_reliability.scheduler")

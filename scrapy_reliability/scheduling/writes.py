@@ -40,9 +40,9 @@ from scrapy_reliability.scheduling.batches import (
     units,
     writes_now,
 )
-from scrapy_reliability.scheduling.context import Context
+from scrapy_reliability.scheduling.crawl_context import Context
 from scrapy_reliability.scheduling.leases import LeaseBook
-from scrapy_reliability.scheduling.politeness import report_adapted
+from scrapy_reliability.scheduling.local_politeness import report_adapted
 from scrapy_reliability.scheduling.storage import StorageHealth
 from scrapy_reliability.scheduling.written import WrittenRequests
 
@@ -374,13 +374,13 @@ class WritePipeline:
             return
         parts = halves(batch)
         if len(parts) == 1:
-            if self.storage.refused_alone():
+            if self.storage.refused_single():
                 # Change after change refused, nothing written in between: not a bad
                 # value but a database that refuses everything (permissions, a bug).
                 self.split.appendleft((batch, requests))
                 self.storage.stop(exc, 0.0, systematic=True)
                 return
-            self._refuse_alone(batch, requests, exc)
+            self._refuse_single(batch, requests, exc)
         else:
             if not self.split:  # once per failed batch, not per half
                 logger.warning(
@@ -393,7 +393,7 @@ class WritePipeline:
                 self.split.appendleft((part, requests))
         self.schedule()
 
-    def _refuse_alone(
+    def _refuse_single(
         self, batch: WriteBatch, requests: dict[str, Request], exc: BaseException
     ) -> None:
         """The one change of ``batch`` the database refuses: it alone pays."""

@@ -37,7 +37,7 @@ from scrapy_reliability.serialization.encode import (
     PAYLOAD_VERSION,
     request_to_payload,
 )
-from scrapy_reliability.serialization.errors import (
+from scrapy_reliability.serialization.payload_errors import (
     CorruptPayload,
     MissingCallback,
     UnserializableRequest,

@@ -16,7 +16,7 @@ from scrapy_reliability.serialization.encode import (
     PAYLOAD_VERSION,
     _is_method_name,
 )
-from scrapy_reliability.serialization.errors import (
+from scrapy_reliability.serialization.payload_errors import (
     CorruptPayload,
     MissingCallback,
     _describe,

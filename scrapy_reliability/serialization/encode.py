@@ -15,7 +15,7 @@ from w3lib.url import safe_url_string
 
 from scrapy_reliability.scheduling.meta import TRANSIENT_META
 from scrapy_reliability.serialization.checks import _priority_problem
-from scrapy_reliability.serialization.errors import UnserializableRequest, _describe
+from scrapy_reliability.serialization.payload_errors import UnserializableRequest, _describe
 from scrapy_reliability.serialization.text_encodings import _is_standard_text_codec
 from scrapy_reliability.serialization.value_codecs import (
     _TAG,

@@ -16,7 +16,7 @@ from typing import Any
 from scrapy import Request, Spider
 from scrapy.utils.misc import load_object
 
-from scrapy_reliability.serialization.errors import CorruptPayload, _describe
+from scrapy_reliability.serialization.payload_errors import CorruptPayload, _describe
 
 logger = logging.getLogger("scrapy_reliability.serialization")  # as before the split
 

@@ -16,17 +16,23 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from scrapy_reliability.frontier import dialect
-from scrapy_reliability.frontier.hotsql.base import INSERT_CHUNK, Alone, DueLease, HotSql, Output
+from scrapy_reliability.frontier.hotsql.base import (
+    INSERT_CHUNK,
+    DueLease,
+    HotSql,
+    Output,
+    SingleResult,
+)
 from scrapy_reliability.frontier.hotsql.postgres import PostgresHotSql
 from scrapy_reliability.frontier.hotsql.sqlite import SqliteHotSql
 
 __all__ = [
     "INSERT_CHUNK",
-    "Alone",
     "DueLease",
     "HotSql",
     "Output",
     "PostgresHotSql",
+    "SingleResult",
     "SqliteHotSql",
     "hot_sql",
 ]

@@ -21,7 +21,7 @@ INSERT_CHUNK = 400
 @dataclass(frozen=True)
 class DueLease:
     """A claim of due pending rows that no domain limit decides (see
-    :meth:`HotSql.lease_due`), as :meth:`HotSql.write_alone` carries it."""
+    :meth:`HotSql.lease_due`), as :meth:`HotSql.write_single` carries it."""
 
     limit: int
     token: str
@@ -33,7 +33,7 @@ class DueLease:
 @dataclass(frozen=True)
 class Output:
     """What a write records of the crawl's output (docs/output.md), as
-    :meth:`HotSql.write_alone` carries it: feed files as they stand once its acks land
+    :meth:`HotSql.write_single` carries it: feed files as they stand once its acks land
     (feed, size, items), and items for the sink table ``table``, each stored only with
     the ack of its page."""
 
@@ -49,9 +49,9 @@ class Output:
 NO_OUTPUT = Output()
 
 
-#: What :meth:`HotSql.write_alone` returns: the fingerprints inserted, the rows
+#: What :meth:`HotSql.write_single` returns: the fingerprints inserted, the rows
 #: settled (the others' leases were lost) and the rows leased.
-Alone = tuple[set[str], set[int], list[Claimed]]
+SingleResult = tuple[set[str], set[int], list[Claimed]]
 
 
 class HotSql(abc.ABC):
@@ -141,13 +141,13 @@ class HotSql(abc.ABC):
         """Lease the rows ``ids`` (just selected, so pending) under ``token``."""
 
     @abc.abstractmethod
-    def writes_alone(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
-        """Whether :meth:`write_alone` takes a write of ``inserts`` new requests and
+    def writes_single(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
+        """Whether :meth:`write_single` takes a write of ``inserts`` new requests and
         ``settles`` plain settlements, with a claim when ``claims`` and an
         :class:`Output` when ``output``."""
 
     @abc.abstractmethod
-    def write_alone(
+    def write_single(
         self,
         conn: Connection,
         job_id: int,
@@ -157,8 +157,8 @@ class HotSql(abc.ABC):
         lease: DueLease | None,
         now: float,
         output: Output = NO_OUTPUT,
-    ) -> Alone:
-        """A write that :meth:`writes_alone` takes, as one statement outside any
+    ) -> SingleResult:
+        """A write that :meth:`writes_single` takes, as one statement outside any
         transaction (one statement is a transaction of its own: no BEGIN, no
         COMMIT to send): insert-or-ignore ``rows``, settle each (row, token,
         state) of ``settles`` that still holds its token, record ``output`` (its

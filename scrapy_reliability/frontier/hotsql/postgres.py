@@ -12,7 +12,13 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from scrapy_reliability.frontier.hotsql.base import NO_OUTPUT, Alone, DueLease, HotSql, Output
+from scrapy_reliability.frontier.hotsql.base import (
+    NO_OUTPUT,
+    DueLease,
+    HotSql,
+    Output,
+    SingleResult,
+)
 from scrapy_reliability.frontier.records import Claimed, NewRequest
 from scrapy_reliability.frontier.schema import LEASED, PENDING, feed_positions, requests
 
@@ -120,11 +126,11 @@ class PostgresHotSql(HotSql):
 
     # -- a write in one statement -------------------------------------------------------------
 
-    def writes_alone(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
+    def writes_single(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
         # Lists are array parameters: one text for any number of rows.
         return bool(inserts or settles or claims)
 
-    def write_alone(
+    def write_single(
         self,
         conn: Connection,
         job_id: int,
@@ -134,13 +140,13 @@ class PostgresHotSql(HotSql):
         lease: DueLease | None,
         now: float,
         output: Output = NO_OUTPUT,
-    ) -> Alone:
-        sql, params = self.alone_statement(
+    ) -> SingleResult:
+        sql, params = self.single_statement(
             job_id, rows, settles=settles, lease=lease, now=now, output=output
         )
-        return self.alone_result(self._run_alone(conn, sql, params), lease)
+        return self.single_result(self._run_single(conn, sql, params), lease)
 
-    def alone_statement(
+    def single_statement(
         self,
         job_id: int,
         rows: Sequence[NewRequest],
@@ -150,7 +156,7 @@ class PostgresHotSql(HotSql):
         now: float,
         output: Output = NO_OUTPUT,
     ) -> tuple[str, list[Any]]:
-        """The text and parameters of :meth:`write_alone`'s statement."""
+        """The text and parameters of :meth:`write_single`'s statement."""
         # Data-modifying CTEs: the new rows, the settlements and the lease, each
         # aggregated into one column of the one row the statement returns; the
         # output (feed positions, sink items), which returns nothing.
@@ -158,9 +164,9 @@ class PostgresHotSql(HotSql):
         positions = bool(output.positions)
         sink = output.table if output.items and settles else None
         sql = self._text(
-            f"alone-{bool(rows)}-{bool(settles)}-{leases}-{positions}-{sink}",
+            f"single-{bool(rows)}-{bool(settles)}-{leases}-{positions}-{sink}",
             0,
-            lambda: self._alone_sql(bool(rows), bool(settles), leases, positions, sink),
+            lambda: self._single_sql(bool(rows), bool(settles), leases, positions, sink),
         )
         # Lists go as one JSON text each: psycopg dumps a str in C, and an array
         # element by element in Python (ten times the CPU of the whole statement).
@@ -195,8 +201,8 @@ class PostgresHotSql(HotSql):
             params += self._due_params(job_id, lease)
         return sql, params
 
-    def alone_result(self, row: Sequence[Any], lease: DueLease | None) -> Alone:
-        """What :meth:`write_alone`'s statement returned, as :data:`Alone`."""
+    def single_result(self, row: Sequence[Any], lease: DueLease | None) -> SingleResult:
+        """What :meth:`write_single`'s statement returned, as :data:`SingleResult`."""
         inserted, settled, claimed = row
         return (
             set(inserted or ()),
@@ -204,7 +210,7 @@ class PostgresHotSql(HotSql):
             self._claimed(claimed or (), lease.token) if lease is not None else [],
         )
 
-    def _alone_sql(
+    def _single_sql(
         self, inserts: bool, settles: bool, leases: bool, positions: bool, sink: str | None
     ) -> str:
         p, table = self.P, requests.name
@@ -254,7 +260,7 @@ class PostgresHotSql(HotSql):
             columns.append("NULL")
         return f"WITH {', '.join(ctes)} SELECT {', '.join(columns)}"
 
-    def _run_alone(self, conn: Connection, sql: str, params: Sequence[Any]) -> Sequence[Any]:
+    def _run_single(self, conn: Connection, sql: str, params: Sequence[Any]) -> Sequence[Any]:
         """Run ``sql`` on the driver's connection in autocommit (no BEGIN, no
         COMMIT: the statement is the transaction); its one row. Errors come out
         as SQLAlchemy's would, without the parameters (the requests' data)."""

@@ -14,10 +14,10 @@ from sqlalchemy.exc import DBAPIError
 from scrapy_reliability.frontier.hotsql.base import (
     INSERT_CHUNK,
     NO_OUTPUT,
-    Alone,
     DueLease,
     HotSql,
     Output,
+    SingleResult,
 )
 from scrapy_reliability.frontier.records import Claimed, NewRequest
 from scrapy_reliability.frontier.schema import requests
@@ -37,11 +37,11 @@ class SqliteHotSql(HotSql):
     its commit writes the pages it changed to the WAL inside the statement's
     step, with the GIL released."""
 
-    def writes_alone(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
+    def writes_single(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
         # New requests alone: SQLite has no data-modifying CTE to carry the rest.
         return not (settles or claims or output) and 0 < inserts <= INSERT_CHUNK
 
-    def write_alone(
+    def write_single(
         self,
         conn: Connection,
         job_id: int,
@@ -51,7 +51,7 @@ class SqliteHotSql(HotSql):
         lease: DueLease | None,
         now: float,
         output: Output = NO_OUTPUT,
-    ) -> Alone:
+    ) -> SingleResult:
         assert not settles and lease is None and not output
         return self.insert(conn, job_id, rows, now), set(), []
 

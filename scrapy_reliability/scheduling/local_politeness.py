@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_reliability.scheduling.context import Context
+    from scrapy_reliability.scheduling.crawl_context import Context
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
 

@@ -3,7 +3,7 @@ with the job's progress over time, outcomes and error classes, per-domain state,
 the oldest pending requests and the dead letters (see docs/report.md).
 
 This module gathers the figures (from :class:`.Inspector` and :class:`.History`) as
-plain JSON values; :mod:`.report_html` writes the page."""
+plain JSON values; :mod:`.report_page` writes the page."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 from scrapy.exceptions import UsageError
 
 from scrapy_reliability.commands.context import CommandFailed, Context
-from scrapy_reliability.commands.report_html import render
-from scrapy_reliability.commands.reports import AUDIT_ROWS
+from scrapy_reliability.commands.listings import AUDIT_ROWS
+from scrapy_reliability.commands.report_page import render
 from scrapy_reliability.frontier import audit
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.history import History, Slice, Timeline

@@ -1,6 +1,6 @@
 """Writes that go as one statement, a transaction of its own: new requests,
 plain settlements and a claim no domain limit decides (see
-``HotSql.write_alone``). On the database thread through the frontier's kept
+``HotSql.write_single``). On the database thread through the frontier's kept
 connection; on PostgreSQL also on the caller's asyncio event loop, on a
 connection of its own (:mod:`.hotsql.pgasync`)."""
 
@@ -16,7 +16,13 @@ from sqlalchemy import Connection, Engine
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import clock
 from scrapy_reliability.frontier.claim import Claimer, in_claim_order, new_token
-from scrapy_reliability.frontier.hotsql import Alone, DueLease, HotSql, Output, PostgresHotSql
+from scrapy_reliability.frontier.hotsql import (
+    DueLease,
+    HotSql,
+    Output,
+    PostgresHotSql,
+    SingleResult,
+)
 from scrapy_reliability.frontier.hotsql.base import NO_OUTPUT
 from scrapy_reliability.frontier.hotsql.pgasync import AsyncStatements
 from scrapy_reliability.frontier.records import (
@@ -36,7 +42,7 @@ OnThread = Callable[[Callable[[], T]], Awaitable[T]]
 
 
 @dataclass(frozen=True)
-class AloneWrite:
+class SingleWrite:
     """One write as one statement: its rows, settlements (row, token, state) and
     claim, with the lease the claim takes."""
 
@@ -54,8 +60,8 @@ class AloneWrite:
         return any(state == Outcome.DONE.value for _, _, state in self.settles)
 
 
-class AloneWrites:
-    """Runs :class:`AloneWrite` s; a claim that comes back short is completed in
+class SingleWrites:
+    """Runs :class:`SingleWrite` s; a claim that comes back short is completed in
     a transaction (the statement cannot see the rows it inserts)."""
 
     def __init__(
@@ -89,7 +95,7 @@ class AloneWrites:
         now: float,
         *,
         pinned: bool,
-    ) -> AloneWrite:
+    ) -> SingleWrite:
         """``batch``'s new requests and output (feed positions, sink items), its
         ``settles`` and ``claim`` as one write."""
         lease = None
@@ -109,12 +115,12 @@ class AloneWrites:
             tuple(batch.items),
             batch.items_table,
         )
-        return AloneWrite(job_id, batch.inserts, settles, claim, lease, now, output)
+        return SingleWrite(job_id, batch.inserts, settles, claim, lease, now, output)
 
-    def write(self, w: AloneWrite) -> WriteResult:
+    def write(self, w: SingleWrite) -> WriteResult:
         """``w`` on the calling thread, through the frontier's kept connection."""
         with self._acking(w), self._one_statement() as conn:
-            alone = self._sql.write_alone(
+            single = self._sql.write_single(
                 conn,
                 w.job_id,
                 w.inserts,
@@ -123,32 +129,32 @@ class AloneWrites:
                 now=w.now,
                 output=w.output,
             )
-        return self._result(w, alone, self._claim_rest(w, alone))
+        return self._result(w, single, self._claim_rest(w, single))
 
     async def write_async(
-        self, w: AloneWrite, on_thread: OnThread[ClaimResult | None]
+        self, w: SingleWrite, on_thread: OnThread[ClaimResult | None]
     ) -> WriteResult:
         """``w`` on the calling event loop (PostgreSQL); the rest of a short claim
         through ``on_thread``."""
         assert self._async is not None and isinstance(self._sql, PostgresHotSql)
-        sql, params = self._sql.alone_statement(
+        sql, params = self._sql.single_statement(
             w.job_id, w.inserts, settles=w.settles, lease=w.lease, now=w.now, output=w.output
         )
         with self._acking(w):
             self._sql.round_trips += 1
             row = await self._async.fetchone(sql, params)
-        alone = self._sql.alone_result(row, w.lease)
+        single = self._sql.single_result(row, w.lease)
         rest = None
-        if self._short(w, alone):
-            rest = await on_thread(lambda: self._claim_rest(w, alone))
-        return self._result(w, alone, rest)
+        if self._short(w, single):
+            rest = await on_thread(lambda: self._claim_rest(w, single))
+        return self._result(w, single, rest)
 
     def close(self) -> None:
         if self._async is not None:
             self._async.close()
 
     @contextlib.contextmanager
-    def _acking(self, w: AloneWrite) -> Iterator[None]:
+    def _acking(self, w: SingleWrite) -> Iterator[None]:
         if w.lease is not None:  # its claim's token, known before the statement goes
             self._tokens.sending(w.lease.token, w.lease.worker_id)
         acks = w.acks
@@ -159,23 +165,23 @@ class AloneWrites:
             crash_point("after_ack_commit")
 
     @staticmethod
-    def _short(w: AloneWrite, alone: Alone) -> bool:
-        return w.claim is not None and len(alone[2]) < w.claim.limit
+    def _short(w: SingleWrite, single: SingleResult) -> bool:
+        return w.claim is not None and len(single[2]) < w.claim.limit
 
-    def _claim_rest(self, w: AloneWrite, alone: Alone) -> ClaimResult | None:
+    def _claim_rest(self, w: SingleWrite, single: SingleResult) -> ClaimResult | None:
         """The rest of a claim the statement leased short (None if it did not)."""
-        if not self._short(w, alone):
+        if not self._short(w, single):
             return None
         assert w.claim is not None and w.lease is not None
-        rows = in_claim_order(alone[2])
+        rows = in_claim_order(single[2])
         with self._transaction() as conn:
             return self._claims.claim_rest(
-                conn, w.job_id, w.claim, rows, w.lease.now, new_rows=bool(alone[0])
+                conn, w.job_id, w.claim, rows, w.lease.now, new_rows=bool(single[0])
             )
 
     @staticmethod
-    def _result(w: AloneWrite, alone: Alone, rest: ClaimResult | None) -> WriteResult:
-        inserted, settled, rows = alone
+    def _result(w: SingleWrite, single: SingleResult, rest: ClaimResult | None) -> WriteResult:
+        inserted, settled, rows = single
         claimed = rest
         if w.claim is not None and claimed is None:
             claimed = ClaimResult(in_claim_order(rows))

@@ -68,7 +68,9 @@ def ensure(engine: Engine, name: str) -> None:
     """Create the sink table if it is missing; refuse a table of that name without
     the sink's columns."""
     table = sink_table(name)
-    table.create(engine, checkfirst=True)
+    # Workers starting together: one creates it, the others wait and find it.
+    with engine.begin() as conn, dialect.migration_lock(conn):
+        table.create(conn, checkfirst=True)
     columns = {c["name"] for c in inspect(engine).get_columns(name)}
     missing = [c.name for c in table.columns if c.name not in columns]
     if missing:

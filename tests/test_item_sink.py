@@ -27,7 +27,7 @@ def test_workers_starting_together_create_the_table_once(postgres_url: str) -> N
                 start.wait()
                 try:
                     item_sink.ensure(engine, name)
-                except BaseException as exc:  # noqa: BLE001 - collected for the assert
+                except BaseException as exc:
                     errors.append(exc)
 
             threads = [threading.Thread(target=open_worker, args=(e,)) for e in engines]

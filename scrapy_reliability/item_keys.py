@@ -26,7 +26,7 @@ from typing import Any
 
 from scrapy.spidermiddlewares.base import BaseSpiderMiddleware
 
-from scrapy_reliability.scheduling.meta import ITEMS_META, TASK_META
+from scrapy_reliability.scheduling.meta import ITEMS_META, REQUEST_ID_META
 
 #: id(item) -> (the item, its key), from the spider's output to the page's settling.
 _KEYS: dict[int, tuple[Any, str]] = {}
@@ -65,7 +65,7 @@ class ItemKeyMiddleware(BaseSpiderMiddleware):
         request = getattr(response, "request", None)
         if request is None:
             return item
-        row = request.meta.get(TASK_META)
+        row = request.meta.get(REQUEST_ID_META)
         if not isinstance(row, int) or isinstance(row, bool):
             return item
         index = request.meta.get(ITEMS_META, 0)

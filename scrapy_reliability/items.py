@@ -44,7 +44,7 @@ class DeadLetter(Mapping[str, Any]):
     method: str = "GET"
     first_failed_at: float | None = None
     last_failed_at: float | None = None
-    task_id: int | None = None
+    request_id: int | None = None
     job: str = ""
 
     # -- the mapping view: code written for dict items works on a dead letter -----------------

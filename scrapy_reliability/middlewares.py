@@ -14,7 +14,7 @@ What the add-on adds: a retry is the same frontier row sent back to pending with
 never blocks due work; a request that fails for good is marked so the scheduler
 dead-letters it, with its error class, once Scrapy is done with it.
 
-Requests that are not frontier rows (no task id: robots.txt, which Scrapy's
+Requests that are not frontier rows (no request id: robots.txt, which Scrapy's
 RobotsTxtMiddleware downloads through ``engine.download_async``, or any other
 download a spider or component makes outside the scheduler) cannot be retried
 later or dead-lettered: nothing would carry out the decision. They are retried as
@@ -43,8 +43,8 @@ from scrapy_reliability.retry_after import parse_retry_after, response_date
 from scrapy_reliability.scheduling.meta import (
     ATTEMPTS_META,
     FAILURE_META,
+    REQUEST_ID_META,
     RETRY_META,
-    TASK_META,
     FailureMeta,
     RetryMeta,
     failure_of,  # noqa: F401  (re-exported: imported from here before scheduling.meta)
@@ -109,7 +109,7 @@ class RetryMiddleware:
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Request | Response:
-        if TASK_META not in request.meta:
+        if REQUEST_ID_META not in request.meta:
             return self._scrapy_rules_response(request, response)
         policy = self.policy.with_overrides(request.meta)
         status = response.status
@@ -163,7 +163,7 @@ class RetryMiddleware:
     def process_exception(
         self, request: Request, exception: Exception, spider: Spider | None = None
     ) -> Request | None:
-        if TASK_META not in request.meta:
+        if REQUEST_ID_META not in request.meta:
             return self._scrapy_rules_exception(request, exception)
         if isinstance(exception, IgnoreRequest):
             return None

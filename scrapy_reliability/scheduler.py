@@ -43,7 +43,7 @@ from scrapy_reliability.scheduling.claims import ClaimBuffer
 from scrapy_reliability.scheduling.crawl_context import Clock, Context
 from scrapy_reliability.scheduling.leases import LeaseBook, Stage
 from scrapy_reliability.scheduling.local_politeness import LocalPoliteness
-from scrapy_reliability.scheduling.meta import TASK_META
+from scrapy_reliability.scheduling.meta import REQUEST_ID_META
 from scrapy_reliability.scheduling.order import ClaimOrder
 from scrapy_reliability.scheduling.outcomes import Outcomes
 from scrapy_reliability.scheduling.session import Session
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from typing_extensions import Self
 
-__all__ = ["TASK_META", "Scheduler"]
+__all__ = ["REQUEST_ID_META", "Scheduler"]
 
 logger = logging.getLogger(__name__)
 
@@ -218,13 +218,13 @@ class Scheduler(BaseScheduler):
             if request.dont_filter:
                 self.dupefilter.start_pages.add(self.dupefilter.key(request))
             return False
-        task_id = request.meta.get(TASK_META)
-        if task_id is not None:
-            lease = self._leases.get(task_id)
+        request_id = request.meta.get(REQUEST_ID_META)
+        if request_id is not None:
+            lease = self._leases.get(request_id)
             if lease is not None and lease.stage is Stage.FETCHING:
                 return self._outcomes.reschedule(lease, request)
             # A child built with the parent's meta: it is a new request.
-            del request.meta[TASK_META]
+            del request.meta[REQUEST_ID_META]
         spider = self._ctx.spider
         assert spider is not None
         job = self._ctx.job

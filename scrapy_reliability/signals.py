@@ -18,7 +18,7 @@ class Settled:
     """One committed request outcome."""
 
     #: The frontier row (``reliability_requests.id``).
-    task_id: int
+    request_id: int
     url: str
     domain: str
     #: ``done``, ``ignored``, ``dead``, ``retry``, ``redirect`` or ``released``.

@@ -21,14 +21,16 @@ def settle(frontier: Frontier, transition: Transition, *, now: float | None = No
     """Apply one transition; raise :class:`LeaseLost` if the token no longer holds."""
     with reading(frontier.engine) as conn:
         job_id = conn.execute(
-            select(requests.c.job_id).where(requests.c.id == transition.task_id)
+            select(requests.c.job_id).where(requests.c.id == transition.request_id)
         ).scalar()
     result = frontier.write(job_id or 0, WriteBatch(transitions=[transition]), now=now)
     if result.lost:
         raise LeaseLost(result.lost)
 
 
-def lease_of(frontier: Frontier, task_id: int) -> tuple[str, str | None, str | None, float | None]:
+def lease_of(
+    frontier: Frontier, request_id: int
+) -> tuple[str, str | None, str | None, float | None]:
     """(state, worker, token, expires_at) of one row."""
     with reading(frontier.engine) as conn:
         row = conn.execute(
@@ -37,7 +39,7 @@ def lease_of(frontier: Frontier, task_id: int) -> tuple[str, str | None, str | N
                 requests.c.worker_id,
                 requests.c.lease_token,
                 requests.c.lease_expires_at,
-            ).where(requests.c.id == task_id)
+            ).where(requests.c.id == request_id)
         ).one()
     return row.state, row.worker_id, row.lease_token, row.lease_expires_at
 

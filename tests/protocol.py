@@ -38,7 +38,7 @@ from scrapy_reliability import DupeFilter, Scheduler
 from scrapy_reliability._executor import DatabaseThread
 from scrapy_reliability.config import Config
 from scrapy_reliability.frontier import Frontier, Outcome, WriteBatch, WriteResult, schema
-from scrapy_reliability.scheduling.meta import FAILURE_META, RETRY_META, TASK_META
+from scrapy_reliability.scheduling.meta import FAILURE_META, REQUEST_ID_META, RETRY_META
 
 
 class SyncDatabase(DatabaseThread):
@@ -196,12 +196,12 @@ class RecordingFrontier:
                 fault.times -= 1
                 raise fault.error
         result = self.real.write(job_id, batch, **kwargs)
-        outcomes = {tr.task_id: tr.outcome for tr in batch.transitions}
+        outcomes = {tr.request_id: tr.outcome for tr in batch.transitions}
         self.commits.append(
             Commit(
                 inserted=[row.url for row in batch.inserts if row.fingerprint in result.inserted],
                 refused=[ref.url for ref in batch.refusals],
-                settled=[(task_id, outcomes[task_id]) for task_id in result.settled],
+                settled=[(request_id, outcomes[request_id]) for request_id in result.settled],
                 claimed=kwargs.get("claim") is not None,
             )
         )
@@ -354,7 +354,7 @@ class Core:
         with self.database() as conn:
             conn.execute(
                 update(schema.requests)
-                .where(r.id == request.meta[TASK_META])
+                .where(r.id == request.meta[REQUEST_ID_META])
                 .values(lease_token="another-workers-token", worker_id="another-worker")
             )
 

@@ -169,7 +169,7 @@ class States:
 
     def _write(self, transition: Transition) -> None:
         result = self.frontier.write(self.job.id, WriteBatch(transitions=[transition]))
-        assert result.settled == [transition.task_id]
+        assert result.settled == [transition.request_id]
 
 
 @pytest.fixture
@@ -197,7 +197,7 @@ def test_explain_gives_the_reason_of_each_state(
     assert reasons == {state: state for state in URLS}
     for state, url in URLS.items():
         if state != "never_seen":
-            assert found[url]["task_id"] == states.ids[state], state
+            assert found[url]["request_id"] == states.ids[state], state
     assert found[URLS["leased"]]["worker"]["id"] == WORKER
     assert found[URLS["leased"]]["until"] > time.time() + 1800
     assert found[URLS["not_before"]]["until"] > time.time() + 3600

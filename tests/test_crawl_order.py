@@ -19,7 +19,7 @@ import pytest
 from scrapy import Request
 
 from scrapy_reliability.frontier import Frontier
-from scrapy_reliability.scheduling.meta import TASK_META
+from scrapy_reliability.scheduling.meta import REQUEST_ID_META
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 from tests.crawling import Crawl, make_project
 from tests.protocol import Core
@@ -150,7 +150,7 @@ def test_a_retry_or_redirect_waits_as_a_request_just_scheduled(
     assert core.scheduler.enqueue_request(redirect)
     core.run()
     assert _handed_out(core, 3) == ["b2", "a", "c"]
-    assert redirect.meta[TASK_META] == b.meta[TASK_META]  # the same row
+    assert redirect.meta[REQUEST_ID_META] == b.meta[REQUEST_ID_META]  # the same row
 
 
 # -- real crawls, compared with stock Scrapy ----------------------------------------------------

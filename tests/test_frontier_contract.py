@@ -74,9 +74,9 @@ def fps(result: ClaimResult) -> list[str]:
     return [c.fingerprint for c in result.rows]
 
 
-def row(frontier: Frontier, task_id: int):
+def row(frontier: Frontier, request_id: int):
     with frontier.engine.connect() as conn:
-        found = conn.execute(select(requests).where(requests.c.id == task_id)).one()
+        found = conn.execute(select(requests).where(requests.c.id == request_id)).one()
         conn.rollback()
     return found
 
@@ -227,10 +227,10 @@ def test_next_due_is_the_earliest_pending(frontier: Frontier, job_id: int) -> No
 # -- fencing (invariant 1) -----------------------------------------------------------------
 
 
-def _transition(outcome: Outcome, task_id: int, token: str, tag: str) -> Transition:
+def _transition(outcome: Outcome, request_id: int, token: str, tag: str) -> Transition:
     if outcome is Outcome.RESCHEDULE:
         return Transition(
-            task_id,
+            request_id,
             token,
             outcome,
             payload=json.dumps({"by": tag}),
@@ -240,8 +240,8 @@ def _transition(outcome: Outcome, task_id: int, token: str, tag: str) -> Transit
             status=503,
         )
     if outcome is Outcome.DEAD:
-        return Transition(task_id, token, outcome, status=404, error=f"dead by {tag}")
-    return Transition(task_id, token, outcome)
+        return Transition(request_id, token, outcome, status=404, error=f"dead by {tag}")
+    return Transition(request_id, token, outcome)
 
 
 FINAL_STATE = {
@@ -266,7 +266,7 @@ def test_fencing_expired_lease_cannot_transition(
 
     with pytest.raises(LeaseLost) as info:
         settle(frontier, _transition(outcome, old.id, old.token, "w1"), now=NOW + 12)
-    assert info.value.task_ids == [old.id]
+    assert info.value.request_ids == [old.id]
     result = frontier.write(
         job_id, WriteBatch(transitions=[_transition(outcome, old.id, old.token, "w1")])
     )

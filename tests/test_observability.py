@@ -27,7 +27,7 @@ REQUEST_FIELDS = {
     "ts",
     "level",
     "worker",
-    "task_id",
+    "request_id",
     "domain",
     "stage",
     "canonical_url",
@@ -96,7 +96,7 @@ def test_json_logs_status_and_explain_after_a_faulty_crawl(tmp_path: Path) -> No
     # its last line is its final outcome (a start URL may also be a second row).
     numbers: dict[int, list[dict[str, Any]]] = {}
     for event in tried:
-        numbers.setdefault(event["task_id"], []).append(event)
+        numbers.setdefault(event["request_id"], []).append(event)
     for task in numbers.values():
         assert sorted(e["attempt"] for e in task) == list(range(1, len(task) + 1)), task
         assert max(task, key=lambda e: e["attempt"])["outcome"] in ("done", "dead"), task

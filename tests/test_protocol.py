@@ -55,8 +55,8 @@ def _inserts(*urls: str) -> object:
     return lambda batch: any(row.url in urls for row in batch.inserts)
 
 
-def _settles(task_id: int, outcome: Outcome) -> object:
-    return lambda commit: (task_id, outcome) in commit.settled
+def _settles(request_id: int, outcome: Outcome) -> object:
+    return lambda commit: (request_id, outcome) in commit.settled
 
 
 # -- ack ordering ------------------------------------------------------------------------------
@@ -74,7 +74,7 @@ def test_no_ack_before_the_scraper_is_done_and_none_before_the_children(core: Co
 
     core.scraped(parent)
     core.run()
-    task = parent.meta["reliability_task_id"]
+    task = parent.meta["reliability_request_id"]
     assert core.rows()[parent.url]["state"] == "done"
     acked = core.commit_index(_settles(task, Outcome.DONE))
     for url in children:
@@ -91,7 +91,7 @@ def test_children_and_the_ack_of_their_parent_share_one_ordered_write(core: Core
     core.run()
     commit = core.frontier.commits[-1]
     assert commit.inserted == [f"{SITE}/p/1", f"{SITE}/p/2"]
-    assert commit.settled == [(parent.meta["reliability_task_id"], Outcome.DONE)]
+    assert commit.settled == [(parent.meta["reliability_request_id"], Outcome.DONE)]
 
 
 # -- fencing -----------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def test_a_retry_goes_back_to_its_row_and_is_not_claimed_before_it_is_due(core: 
     assert core.scheduler.next_request() is None
     core.run(1.5)
     again = core.next_request()
-    assert (again.url, again.meta["reliability_task_id"]) == (request.url, row["id"])
+    assert (again.url, again.meta["reliability_request_id"]) == (request.url, row["id"])
     assert again.meta["reliability_attempts"] == 1
 
 
@@ -156,7 +156,7 @@ def test_a_refused_value_costs_its_own_row_only(core: Core) -> None:
         assert rows[url]["state"] == "pending", url
     assert rows[parent.url]["state"] == "done"
     # The refusal is recorded before the ack of the page that yielded it.
-    task = parent.meta["reliability_task_id"]
+    task = parent.meta["reliability_request_id"]
     assert core.commit_index(lambda c: bad in c.refused) < core.commit_index(
         _settles(task, Outcome.DONE)
     )
@@ -234,7 +234,7 @@ def test_a_burial_never_commits_before_the_requests_its_errback_yielded(core: Co
     its errback's children fails again (refused, then the database failing): the
     burial still commits after every child is written or recorded as refused."""
     failed = _fetch(core, f"{SITE}/p/0")
-    task = failed.meta["reliability_task_id"]
+    task = failed.meta["reliability_request_id"]
     children = [f"{SITE}/p/1", f"{SITE}/p/2", f"{SITE}/p/3"]
     # The errback yields children, then the request is buried.
     for url in children:
@@ -267,7 +267,7 @@ def test_the_recording_frontier_sees_every_commit(core: Core) -> None:
     request = _fetch(core, f"{SITE}/p/0")
     core.scraped(request)
     core.run()
-    task = request.meta["reliability_task_id"]
+    task = request.meta["reliability_request_id"]
     assert core.frontier.commits == [
         Commit(inserted=[f"{SITE}/p/0"], refused=[], settled=[], claimed=False),
         Commit(inserted=[], refused=[], settled=[(task, Outcome.DONE)], claimed=False),
@@ -557,7 +557,7 @@ def test_a_row_this_worker_wrote_is_claimed_as_the_request_itself(core: Core) ->
     core.run()
     claimed = core.next_request()
     assert claimed is yielded
-    assert claimed.meta["reliability_task_id"] == core.rows()[yielded.url]["id"]
+    assert claimed.meta["reliability_request_id"] == core.rows()[yielded.url]["id"]
     assert claimed.meta["reliability_attempts"] == 0
     assert core.stats.get_value("reliability/claimed/kept") == 1
     core.download(claimed)
@@ -597,10 +597,10 @@ def test_one_object_yielded_twice_is_handed_out_as_two_requests(core: Core) -> N
     core.run()
     first, second = core.next_request(), core.next_request()
     assert first is not second
-    assert first.meta["reliability_task_id"] != second.meta["reliability_task_id"]
+    assert first.meta["reliability_request_id"] != second.meta["reliability_request_id"]
     with core.database() as conn:
         ids = set(conn.execute(select(schema.requests.c.id)).scalars())
-    assert {first.meta["reliability_task_id"], second.meta["reliability_task_id"]} == ids
+    assert {first.meta["reliability_request_id"], second.meta["reliability_request_id"]} == ids
     assert len(ids) == 2
 
 

@@ -263,9 +263,9 @@ def _crawler(**settings: Any) -> Crawler:
 
 
 def _frontier_request(url: str = "http://a.test/p/1") -> Request:
-    """A request as the scheduler hands it to Scrapy: a frontier row (task id) with
+    """A request as the scheduler hands it to Scrapy: a frontier row (request id) with
     no failed attempt yet."""
-    return Request(url, meta={"reliability_task_id": 1, ATTEMPTS_META: 0})
+    return Request(url, meta={"reliability_request_id": 1, ATTEMPTS_META: 0})
 
 
 def _answer(request: Request, status: int, retry_after: list[bytes]) -> Response:
@@ -405,7 +405,7 @@ def test_decide_backs_off_for_an_infinite_retry_after_even_without_a_cap() -> No
 
 def _robots_request() -> Request:
     """The request Scrapy's RobotsTxtMiddleware downloads through the engine, not the
-    scheduler: it never becomes a frontier row, so it has no task id."""
+    scheduler: it never becomes a frontier row, so it has no request id."""
     return Request("http://a.test/robots.txt", meta={"dont_obey_robotstxt": True})
 
 
@@ -770,7 +770,7 @@ def test_property_middleware_keeps_the_status_for_any_retry_after() -> None:
         attempts=st.integers(min_value=0, max_value=3),
     )
     def check(status: int, values: list[bytes], attempts: int) -> None:
-        request = Request("http://a.test/p/1", meta={"reliability_task_id": 1})
+        request = Request("http://a.test/p/1", meta={"reliability_request_id": 1})
         request.meta[ATTEMPTS_META] = attempts
         response = _answer(request, status, values)
         invalid_before = stats.get_value("reliability/retry_after/invalid", 0)

@@ -466,7 +466,7 @@ def test_serialization_does_not_import_the_playwright_integration():
     assert not any(name and "playwright" in name for name in imported)
 
 
-def test_task_id_is_not_stored(spider):
-    request = scrapy.Request("http://127.0.0.2/", meta={"reliability_task_id": 5, "k": 1})
+def test_request_id_is_not_stored(spider):
+    request = scrapy.Request("http://127.0.0.2/", meta={"reliability_request_id": 5, "k": 1})
     data = json.loads(request_to_payload(request, spider))
     assert data["meta"] == {"k": 1}

@@ -51,7 +51,7 @@ _values = st.recursive(
 )
 _keys = st.one_of(
     st.text(max_size=8),
-    st.sampled_from(["depth", "download_timeout", "reliability_task_id", "playwright"]),
+    st.sampled_from(["depth", "download_timeout", "reliability_request_id", "playwright"]),
 )
 
 

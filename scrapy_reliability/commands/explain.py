@@ -60,7 +60,7 @@ def explain_urls(ctx: Context, args: list[str]) -> None:
                     "reason": exp.reason,
                     "message": _explain_text(exp, ctx.now, spider or job.name),
                     "until": exp.until,
-                    "task_id": exp.request.id,
+                    "request_id": exp.request.id,
                     "state": exp.request.state,
                     "request": asdict(exp.request),
                     "blockers": [asdict(b) for b in exp.blockers],
@@ -86,19 +86,19 @@ def _explain_text(exp: Explanation, now: float, spider: str) -> str:
         attempts = f"{row.attempts} attempt{'s' if row.attempts != 1 else ''}"
     if exp.reason == "done" and row.url == ADOPTED_URL:
         return (
-            f"adopted from Scrapy's requests.seen {when(row.updated_at, now)} (task {row.id}): "
+            f"adopted from Scrapy's requests.seen {when(row.updated_at, now)} (request {row.id}): "
             "Scrapy's own scheduler had it before the job started; no URL was stored"
         )
     if exp.reason == "done":
-        return f"{when(row.updated_at, now)} (task {row.id}, after {attempts})"
+        return f"{when(row.updated_at, now)} (request {row.id}, after {attempts})"
     if exp.reason == "ignored":
         why = f": {row.last_error}" if row.last_error else ""
-        return f"{when(row.updated_at, now)}{why} (task {row.id})"
+        return f"{when(row.updated_at, now)}{why} (request {row.id})"
     if exp.reason == "dead":
         status = f"HTTP {row.last_status}, " if row.last_status is not None else ""
         return (
             f"since {when(row.updated_at, now)}: {row.error_class} ({status}"
-            f"{row.last_error}) after {attempts} (task {row.id}). Requeue it with "
+            f"{row.last_error}) after {attempts} (request {row.id}). Requeue it with "
             f"`scrapy frontier requeue {spider} --error-class {row.error_class} --domain "
             f"{row.domain}`."
         )
@@ -115,10 +115,11 @@ def _explain_text(exp: Explanation, now: float, spider: str) -> str:
                 f"leased by {who}, but the lease expired {until}: the worker died or hangs; "
                 "the request goes back to pending at the next heartbeat of a live worker"
             )
-        return f"leased by {who} until {until} (task {row.id}, attempt {row.attempts + 1})"
+        return f"leased by {who} until {until} (request {row.id}, attempt {row.attempts + 1})"
     if exp.reason == "due":
         text_ = (
-            f"pending and due now (task {row.id}); {exp.ahead} due requests are claimed before it"
+            f"pending and due now (request {row.id}); "
+            f"{exp.ahead} due requests are claimed before it"
         )
         if not exp.live_workers:
             text_ += f"; no worker is running: `scrapy crawl {spider}` resumes the job"
@@ -138,7 +139,7 @@ def _explain_text(exp: Explanation, now: float, spider: str) -> str:
                 f"waiting for a token of domain {row.domain}: next start "
                 f"{when(b.until or now, now)} ({b.detail})"
             )
-    return f"pending (task {row.id}): " + "; ".join(parts)
+    return f"pending (request {row.id}): " + "; ".join(parts)
 
 
 def _fingerprinter(settings: BaseSettings, scheme: str) -> Callable[[str], str] | None:

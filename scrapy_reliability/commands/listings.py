@@ -96,7 +96,7 @@ def show_status(ctx: Context, args: list[str]) -> None:
             else f"not before {when(oldest['not_before'], ctx.now)}"
         )
         out(
-            f"Oldest pending: {oldest['url']} (task {oldest['id']}, discovered "
+            f"Oldest pending: {oldest['url']} (request {oldest['id']}, discovered "
             f"{when(oldest['created_at'], ctx.now)}, {due})"
         )
     if status.expired_leases:

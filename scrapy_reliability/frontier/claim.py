@@ -162,7 +162,7 @@ class Claimer:
                 skip_locked=True,
             )
             blocked: set[str] = set()
-            for task_id, domain in candidates:
+            for request_id, domain in candidates:
                 if len(taken) >= limit:
                     break
                 state = states.get(domain)
@@ -176,11 +176,11 @@ class Claimer:
                 if start is None:
                     blocked.add(domain)
                     continue
-                taken.append(task_id)
+                taken.append(request_id)
                 if start:
-                    starts[task_id] = start
+                    starts[request_id] = start
                     if state is not None and state.spacing:  # always, when start
-                        spacing[task_id] = state.spacing
+                        spacing[request_id] = state.spacing
             if len(taken) >= limit or len(candidates) < want * 4 or not blocked:
                 break
             excluded |= blocked

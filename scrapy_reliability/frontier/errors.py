@@ -17,11 +17,11 @@ class LeaseLost(FrontierError):
     fetched again by its new holder, so nothing is lost.
     """
 
-    def __init__(self, task_ids: list[int]):
-        self.task_ids = task_ids
+    def __init__(self, request_ids: list[int]):
+        self.request_ids = request_ids
         super().__init__(
-            f"lease lost for frontier task(s) {task_ids[:10]}"
-            f"{'...' if len(task_ids) > 10 else ''}: the lease expired before this "
+            f"lease lost for frontier request(s) {request_ids[:10]}"
+            f"{'...' if len(request_ids) > 10 else ''}: the lease expired before this "
             "worker's result was written (the row went back to pending, and may have been "
             "claimed again), so the result was not recorded and the request is fetched "
             "again. If this happens often, raise RELIABILITY_LEASE_SECONDS or look for "

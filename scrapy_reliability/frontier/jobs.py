@@ -412,7 +412,7 @@ def release_unknown(conn: Connection, worker_id: str, held: Sequence[str], now: 
 def states_of(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
     """The state of each row of ``ids`` that exists."""
     found = conn.execute(select(requests.c.id, requests.c.state).where(requests.c.id.in_(ids)))
-    return {int(task_id): str(state) for task_id, state in found}
+    return {int(request_id): str(state) for request_id, state in found}
 
 
 def expire(conn: Connection, job_id: int, now: float) -> int:

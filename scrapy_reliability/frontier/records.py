@@ -187,7 +187,7 @@ class ClaimResult:
 
 
 class Transition(NamedTuple):
-    task_id: int
+    request_id: int
     token: str
     outcome: Outcome
     payload: str | None = None

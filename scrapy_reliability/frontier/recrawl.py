@@ -161,7 +161,7 @@ def reopen_due(conn: Connection, job_id: int, rules: RecrawlRules, now: float) -
 class Fetched:
     """What a done row's fetch found, recorded with its ack."""
 
-    task_id: int
+    request_id: int
     content_hash: str
     namespace: str | None
     interval: float | None
@@ -187,7 +187,7 @@ def record_fetches(conn: Connection, rows: Sequence[Fetched], now: float) -> Non
         stmt,
         [
             {
-                "b_id": r.task_id,
+                "b_id": r.request_id,
                 "b_hash": r.content_hash,
                 "b_ns": r.namespace,
                 "b_interval": r.interval,

@@ -187,7 +187,7 @@ class SingleWrites:
             claimed = ClaimResult(in_claim_order(rows))
         return WriteResult(
             frozenset(inserted),
-            [task_id for task_id, _, _ in w.settles if task_id in settled],
-            [task_id for task_id, _, _ in w.settles if task_id not in settled],
+            [request_id for request_id, _, _ in w.settles if request_id in settled],
+            [request_id for request_id, _, _ in w.settles if request_id not in settled],
             claimed,
         )

@@ -71,11 +71,11 @@ class WritePath:
         settled, lost = self.apply_transitions(conn, batch.transitions, now)
         lost_ids = set(lost)
         fetched = [
-            Fetched(tr.task_id, tr.content_hash, tr.content_ns, tr.recrawl_interval)
+            Fetched(tr.request_id, tr.content_hash, tr.content_ns, tr.recrawl_interval)
             for tr in batch.transitions
             if tr.content_hash is not None
             and tr.outcome is Outcome.DONE
-            and tr.task_id not in lost_ids
+            and tr.request_id not in lost_ids
         ]
         record_fetches(conn, fetched, now)
         if batch.domain_updates:
@@ -83,7 +83,7 @@ class WritePath:
         signals = [
             tr
             for tr in batch.transitions
-            if tr.domain and (tr.pause_until or tr.slow_down) and tr.task_id not in lost_ids
+            if tr.domain and (tr.pause_until or tr.slow_down) and tr.request_id not in lost_ids
         ]
         adapted = self._domains.apply_signals(
             conn,
@@ -107,9 +107,9 @@ class WritePath:
             )
         if batch.clear_dead_letters:
             done = [
-                tr.task_id
+                tr.request_id
                 for tr in batch.transitions
-                if tr.outcome is Outcome.DONE and tr.task_id not in lost_ids
+                if tr.outcome is Outcome.DONE and tr.request_id not in lost_ids
             ]
             if done:
                 conn.execute(
@@ -143,7 +143,7 @@ class WritePath:
                 or tr.slow_down
             ):
                 return None
-            settles.append((tr.task_id, tr.token, tr.outcome.value))
+            settles.append((tr.request_id, tr.token, tr.outcome.value))
         return settles
 
     def _insert_requests(
@@ -193,7 +193,7 @@ class WritePath:
         singles: list[Transition] = []
         for tr in transitions:
             if tr.outcome in _PLAIN and tr.error is None:
-                groups[(tr.outcome.value, tr.token)].append(tr.task_id)
+                groups[(tr.outcome.value, tr.token)].append(tr.request_id)
             else:
                 singles.append(tr)
         for (state, token), ids in groups.items():
@@ -223,7 +223,7 @@ class WritePath:
             row = conn.execute(
                 update(requests)
                 .where(
-                    requests.c.id == tr.task_id,
+                    requests.c.id == tr.request_id,
                     requests.c.lease_token == tr.token,
                     requests.c.state == LEASED,
                 )
@@ -231,13 +231,13 @@ class WritePath:
                 .returning(requests.c.id)
             ).first()
             if row is None:
-                lost.append(tr.task_id)
+                lost.append(tr.request_id)
                 continue
             if tr.outcome is Outcome.DEAD:
                 # Fail closed: the dead letter commits with the burial or neither does.
                 crash_point("mid_burial")
                 self._write_dead_letter(conn, tr, now)
-            settled.append(tr.task_id)
+            settled.append(tr.request_id)
         return settled, lost
 
     @staticmethod
@@ -254,15 +254,17 @@ class WritePath:
         row = requests.c
         refreshed = conn.execute(
             update(dead_letters)
-            .where(dead_letters.c.request_id == tr.task_id, dead_letters.c.kind == "request")
+            .where(dead_letters.c.request_id == tr.request_id, dead_letters.c.kind == "request")
             .values(
                 error_class=tr.error_class or "permanent",
-                last_status=select(row.last_status).where(row.id == tr.task_id).scalar_subquery(),
-                last_error=select(func.coalesce(row.last_error, ""))
-                .where(row.id == tr.task_id)
+                last_status=select(row.last_status)
+                .where(row.id == tr.request_id)
                 .scalar_subquery(),
-                attempts=select(row.attempts).where(row.id == tr.task_id).scalar_subquery(),
-                payload=select(row.payload).where(row.id == tr.task_id).scalar_subquery(),
+                last_error=select(func.coalesce(row.last_error, ""))
+                .where(row.id == tr.request_id)
+                .scalar_subquery(),
+                attempts=select(row.attempts).where(row.id == tr.request_id).scalar_subquery(),
+                payload=select(row.payload).where(row.id == tr.request_id).scalar_subquery(),
                 last_failed_at=now,
             )
         ).rowcount
@@ -282,7 +284,7 @@ class WritePath:
             func.coalesce(row.first_failed_at, now),
             literal(now),
             literal(0),
-        ).where(row.id == tr.task_id)
+        ).where(row.id == tr.request_id)
         columns = [
             "job_id",
             "request_id",

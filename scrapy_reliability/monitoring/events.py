@@ -64,7 +64,7 @@ def request_event(
     return {
         "event": "request",
         "worker": event.worker,
-        "task_id": event.task_id,
+        "request_id": event.request_id,
         "domain": event.domain,
         "stage": stage,
         "url": event.url,

@@ -40,7 +40,7 @@ from scrapy_reliability.monitoring.jsonlogs import install_json_logs
 from scrapy_reliability.monitoring.metrics import Metrics, metrics_app, serve
 from scrapy_reliability.scheduling import settled
 from scrapy_reliability.scheduling.engine import engine_scheduler
-from scrapy_reliability.scheduling.meta import TASK_META
+from scrapy_reliability.scheduling.meta import REQUEST_ID_META
 from scrapy_reliability.scheduling.waiting import WAITING_STAT
 
 if TYPE_CHECKING:
@@ -180,12 +180,12 @@ class CrawlMonitor:
     # -- signals ------------------------------------------------------------------------------
 
     def _attempt(self, request: Request) -> Attempt | None:
-        task_id = request.meta.get(TASK_META)
-        if task_id is None:
+        request_id = request.meta.get(REQUEST_ID_META)
+        if request_id is None:
             return None
-        found = self._attempts.get(task_id)
+        found = self._attempts.get(request_id)
         if found is None:
-            found = self._attempts[task_id] = Attempt()
+            found = self._attempts[request_id] = Attempt()
         return found
 
     def _fetch_started(self, request: Request, spider: Any) -> None:
@@ -236,7 +236,7 @@ class CrawlMonitor:
 
     def _settled(self, event: reliability_signals.Settled) -> None:
         """A committed outcome, counted and logged as a JSON request event."""
-        attempt = self._attempts.pop(event.task_id, None) or Attempt()
+        attempt = self._attempts.pop(event.request_id, None) or Attempt()
         status = event.status if event.status is not None else attempt.status
         self._count(event.domain, event.outcome, status, event.error)
         fields = request_event(event, attempt, policy=self.config.canonical)

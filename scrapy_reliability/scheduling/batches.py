@@ -86,7 +86,7 @@ def halves(batch: WriteBatch) -> list[WriteBatch]:
     parts[-1].feed_positions = batch.feed_positions
     # Sink items go with their page's ack (the last part when it is in neither).
     if batch.items:
-        first = {tr.task_id for tr in parts[0].transitions}
+        first = {tr.request_id for tr in parts[0].transitions}
         for item in batch.items:
             part = parts[0] if item.request_id in first else parts[-1]
             part.items.append(item)
@@ -153,7 +153,7 @@ def claim_inputs(
     requeued = False
     for tr in batch.transitions:
         requeued = requeued or tr.outcome in (Outcome.RESCHEDULE, Outcome.RELEASE)
-        domain = lease_domain(tr.task_id)
+        domain = lease_domain(tr.request_id)
         if domain is None or settled is None:
             settled = None
         else:

@@ -27,7 +27,12 @@ from scrapy_reliability.scheduling import engine, frontier_calls
 from scrapy_reliability.scheduling.batches import WRITE_RETRY_SECONDS
 from scrapy_reliability.scheduling.crawl_context import Context
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
-from scrapy_reliability.scheduling.meta import ATTEMPTS_META, ITEMS_META, RECRAWL_META, TASK_META
+from scrapy_reliability.scheduling.meta import (
+    ATTEMPTS_META,
+    ITEMS_META,
+    RECRAWL_META,
+    REQUEST_ID_META,
+)
 from scrapy_reliability.scheduling.storage import StorageHealth
 from scrapy_reliability.scheduling.writes import WritePipeline
 from scrapy_reliability.serialization import CorruptPayload, MissingCallback, payload_to_request
@@ -273,7 +278,7 @@ class ClaimBuffer:
         except Exception as exc:  # a stored row that cannot be rebuilt costs that row only
             self._bury_unbuildable(lease, exc)
             return False
-        request.meta[TASK_META] = row.id
+        request.meta[REQUEST_ID_META] = row.id
         request.meta[ATTEMPTS_META] = row.attempts
         request.meta.pop(ITEMS_META, None)  # a parent's count, from a copied meta
         if row.recrawl in (DUE, PARSE):

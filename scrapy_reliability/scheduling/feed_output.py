@@ -37,7 +37,7 @@ from scrapy_reliability import _feeds, item_keys
 from scrapy_reliability.frontier.feeds import FeedPosition
 from scrapy_reliability.frontier.records import DeadItem, Outcome, SinkItem, WriteBatch
 from scrapy_reliability.scheduling import scrapy_hooks
-from scrapy_reliability.scheduling.meta import TASK_META
+from scrapy_reliability.scheduling.meta import REQUEST_ID_META
 
 if TYPE_CHECKING:
     from scrapy_reliability.scheduling.crawl_context import Context
@@ -183,9 +183,9 @@ class FeedOutput:
     def item_scraped(self, item: Any, response: Any, spider: Any) -> None:
         """Hold an item of a leased page until its ack; write any other at once."""
         request = getattr(response, "request", None)
-        task = None if request is None else request.meta.get(TASK_META)
-        if request is not None and isinstance(task, int):
-            self._held.setdefault(task, []).append((item, request.url))
+        request_id = None if request is None else request.meta.get(REQUEST_ID_META)
+        if request is not None and isinstance(request_id, int):
+            self._held.setdefault(request_id, []).append((item, request.url))
             return
         self._export(item)
 
@@ -211,14 +211,14 @@ class FeedOutput:
         pages it sends back to pending (fetched again, their items with them)."""
         if self._held:
             for tr in batch.transitions:
-                items = self._held.pop(tr.task_id, None)
+                items = self._held.pop(tr.request_id, None)
                 if items and tr.outcome in _FINAL:
                     for place, (item, url) in enumerate(items):
                         self._export(item)
                         if self.sink is not None:
-                            self._to_sink(batch, tr.task_id, place, item, url)
+                            self._to_sink(batch, tr.request_id, place, item, url)
         for tr in batch.transitions:
-            item_keys.forget(tr.task_id)
+            item_keys.forget(tr.request_id)
         _feeds.flush_feeds(self.ctx.feed_exporters)
         for feed in self.feeds:
             slot = _feeds.exact_slot(feed)
@@ -229,13 +229,13 @@ class FeedOutput:
             if at is not None and (batch.transitions or self._sent.get(feed.key) != at):
                 batch.feed_positions[feed.key] = self._sent[feed.key] = at
 
-    def _to_sink(self, batch: WriteBatch, task: int, place: int, item: Any, url: str) -> None:
+    def _to_sink(self, batch: WriteBatch, request_id: int, place: int, item: Any, url: str) -> None:
         """Add ``item`` to ``batch`` as a row of the sink; one that cannot be stored as
         JSON costs that item only: a dead letter of kind ``item``."""
         parts = item_keys.key_parts(item)
         # Its place in the callback's output; else (a pipeline returned another object)
         # its place among the page's items as they left the pipelines, kept apart.
-        index = parts[1] if parts is not None and parts[0] == task else _UNKEYED + place
+        index = parts[1] if parts is not None and parts[0] == request_id else _UNKEYED + place
         try:
             stored = json.dumps(ItemAdapter(item).asdict(), cls=ScrapyJSONEncoder)
         except (TypeError, ValueError) as exc:
@@ -247,7 +247,7 @@ class FeedOutput:
             )
             batch.dead_items.append(
                 DeadItem(
-                    task,
+                    request_id,
                     url,
                     urlparse(url).hostname or "",
                     f"{type(exc).__name__}: {exc}",
@@ -256,5 +256,5 @@ class FeedOutput:
             )
             self.ctx.stats.inc_value("reliability/dead/item")
             return
-        batch.items.append(SinkItem(task, index, url, stored))
+        batch.items.append(SinkItem(request_id, index, url, stored))
         batch.items_table = self.sink

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from scrapy import Request
 
-from scrapy_reliability.scheduling.meta import TASK_META
+from scrapy_reliability.scheduling.meta import REQUEST_ID_META
 
 
 class Stage(enum.Enum):
@@ -25,7 +25,7 @@ class Stage(enum.Enum):
 
 @dataclass
 class Lease:
-    task_id: int
+    request_id: int
     token: str
     key: str
     stage: Stage
@@ -57,7 +57,7 @@ class LeaseBook:
         self._leases: dict[int, Lease] = {}
         # Leases handed to the engine and not yet back (stage FETCHING), by domain.
         self._fetching: dict[str, int] = {}
-        # Leases whose transition is buffered or being written, by (task id, token):
+        # Leases whose transition is buffered or being written, by (request id, token):
         # what request_settled reports once it commits (the row may be claimed
         # again, under a new lease, before the write's callback runs).
         self._settling: dict[tuple[int, str], Lease] = {}
@@ -70,15 +70,15 @@ class LeaseBook:
 
     def add(self, lease: Lease) -> None:
         """A row just claimed (stage READY)."""
-        self._leases[lease.task_id] = lease
+        self._leases[lease.request_id] = lease
 
-    def get(self, task_id: int) -> Lease | None:
-        return self._leases.get(task_id)
+    def get(self, request_id: int) -> Lease | None:
+        return self._leases.get(request_id)
 
     def of(self, request: Request) -> Lease | None:
         """The lease of a request this worker handed out, if it still holds it."""
-        task_id = request.meta.get(TASK_META)
-        return None if task_id is None else self._leases.get(task_id)
+        request_id = request.meta.get(REQUEST_ID_META)
+        return None if request_id is None else self._leases.get(request_id)
 
     def fetching(self, domain: str) -> int:
         """This worker's requests of ``domain`` in the downloader."""
@@ -101,20 +101,20 @@ class LeaseBook:
         """Its transition is about to be buffered: remember the lease until the
         write that carries it lands."""
         self.move(lease, Stage.SETTLING)
-        self._settling[(lease.task_id, lease.token)] = lease
+        self._settling[(lease.request_id, lease.token)] = lease
 
-    def settling(self, task_id: int, token: str) -> Lease | None:
-        return self._settling.get((task_id, token))
+    def settling(self, request_id: int, token: str) -> Lease | None:
+        return self._settling.get((request_id, token))
 
-    def end_settling(self, task_id: int, token: str) -> Lease | None:
+    def end_settling(self, request_id: int, token: str) -> Lease | None:
         """The write carrying its transition landed (or gave up on it)."""
-        return self._settling.pop((task_id, token), None)
+        return self._settling.pop((request_id, token), None)
 
-    def forget(self, task_id: int, token: str) -> None:
+    def forget(self, request_id: int, token: str) -> None:
         """The lease ``token`` of the row is over."""
         # The row may already be claimed again under a new lease (a claim result can
         # be handled before the callback of the write that freed the row).
-        lease = self._leases.get(task_id)
+        lease = self._leases.get(request_id)
         if lease is not None and lease.token == token:
             self.move(lease, Stage.SETTLING)
-            del self._leases[task_id]
+            del self._leases[request_id]

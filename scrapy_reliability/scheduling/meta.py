@@ -1,6 +1,6 @@
 """The ``reliability_*`` request meta keys, in one place, with their typed values.
 
-The scheduler sets :data:`TASK_META` and :data:`ATTEMPTS_META` on every request
+The scheduler sets :data:`REQUEST_ID_META` and :data:`ATTEMPTS_META` on every request
 it hands out; the retry middleware answers with :data:`RETRY_META` (on the copy
 sent back for another attempt) or :data:`FAILURE_META` (on a request it gave up
 on). The values are plain dicts, as meta is stored with the request as JSON; the
@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 from scrapy import Request
 
 #: The frontier row id of a request this worker leased (set at claim).
-TASK_META = "reliability_task_id"
+REQUEST_ID_META = "reliability_request_id"
 #: Failed attempts of the request's row before this one (set at claim).
 ATTEMPTS_META = "reliability_attempts"
 #: On a retry copy: the failure and when to try again (a :class:`RetryMeta`).
@@ -37,7 +37,7 @@ ITEMS_META = "reliability_items"
 #: Meta keys that describe one fetch of a request, not the request: never stored.
 TRANSIENT_META = frozenset(
     {
-        TASK_META,
+        REQUEST_ID_META,
         ATTEMPTS_META,
         RETRY_META,
         FAILURE_META,
@@ -84,9 +84,9 @@ class RetryMeta(FailureMeta):
     not_before: float
 
 
-def task_id_of(request: Request) -> int | None:
+def request_id_of(request: Request) -> int | None:
     """The frontier row id of ``request`` when this worker leased it."""
-    value: Any = request.meta.get(TASK_META)
+    value: Any = request.meta.get(REQUEST_ID_META)
     return value if isinstance(value, int) else None
 
 

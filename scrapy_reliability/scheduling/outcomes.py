@@ -119,7 +119,7 @@ class Outcomes:
             self.ctx.credentials.forget(lease.key)
         self.writes.transition(
             Transition(
-                lease.task_id,
+                lease.request_id,
                 lease.token,
                 outcome,
                 status=status,
@@ -185,7 +185,7 @@ class Outcomes:
             previous = lease.content_hash
             changed = None if previous is None else previous != content_hash
             interval = next_interval(rules, lease.domain, lease.recrawl_interval, changed)
-            fetched = Fetched(lease.task_id, content_hash, rules.namespace, interval)
+            fetched = Fetched(lease.request_id, content_hash, rules.namespace, interval)
         self._settle(lease, Outcome.DONE, fetched=fetched)
         crash_point("ack_buffered")
         successes = self.writes.batch.successes
@@ -238,7 +238,7 @@ class Outcomes:
             method=lease.method,
             first_failed_at=lease.first_failed_at or now,
             last_failed_at=now,
-            task_id=lease.task_id,
+            request_id=lease.request_id,
             job=self.ctx.job.name if self.ctx.job else "",
         )
         if not config.dead_letter_items:
@@ -304,7 +304,7 @@ class Outcomes:
             ctx.stats.inc_value("reliability/domain/throttled")
         self.writes.transition(
             Transition(
-                lease.task_id,
+                lease.request_id,
                 lease.token,
                 Outcome.RESCHEDULE,
                 payload=payload,
@@ -349,7 +349,7 @@ class Outcomes:
             stored = json.dumps({"repr": repr(item)[:4000]})
         self.writes.batch.dead_items.append(
             DeadItem(
-                request_id=lease.task_id if lease else None,
+                request_id=lease.request_id if lease else None,
                 url=url,
                 domain=urlparse_cached(request).hostname or ""
                 if isinstance(request, Request)
@@ -371,7 +371,7 @@ class Outcomes:
         many hand-backs), for `scrapy retrypass` to replay from a version that has."""
         name = exc.name
         takers = [w for w, names in self.peers.callbacks.items() if name in names]
-        handed = self._handed_back.get(lease.task_id, 0)
+        handed = self._handed_back.get(lease.request_id, 0)
         stale = self.ctx.clock.seconds() - self.peers.read_at > 1.0
         if not takers and stale:
             # A worker of the other version may have started since the last heartbeat:
@@ -379,19 +379,19 @@ class Outcomes:
             self.peers.refresh()
             takers = ["(looking)"]
         if takers and handed < _MAX_HAND_BACKS:
-            self._handed_back[lease.task_id] = handed + 1
+            self._handed_back[lease.request_id] = handed + 1
             if handed == 0:
                 self.ctx.stats.inc_value("reliability/handed_back")
             logger.debug(
-                "Frontier task %(id)d needs callback %(name)r, which this spider lacks and "
+                "Frontier request %(id)d needs callback %(name)r, which this spider lacks and "
                 "worker %(worker)s has: handing it back",
-                {"id": lease.task_id, "name": name, "worker": takers[0]},
+                {"id": lease.request_id, "name": name, "worker": takers[0]},
                 extra=self.ctx.log(),
             )
             self.leases.start_settling(lease)
             self.writes.transition(
                 Transition(
-                    lease.task_id,
+                    lease.request_id,
                     lease.token,
                     Outcome.RELEASE,
                     # Due soon for the others; later each time this worker gets it
@@ -422,9 +422,9 @@ class Outcomes:
         UNPROCESSED_CLASSES), for `scrapy retrypass --error-class` after a fix."""
         self.ctx.stats.inc_value(f"reliability/dead/{error_class}")
         logger.error(
-            "Frontier task %(id)d %(why)s; recording it as a dead letter of class "
+            "Frontier request %(id)d %(why)s; recording it as a dead letter of class "
             "%(cls)r (`scrapy retrypass --error-class %(cls)s` replays it after a fix)",
-            {"id": lease.task_id, "why": why, "cls": error_class},
+            {"id": lease.request_id, "why": why, "cls": error_class},
             extra=self.ctx.log(),
         )
         self._settle(lease, Outcome.DEAD, error=error, error_class=error_class, attempts_inc=1)
@@ -456,7 +456,7 @@ class Outcomes:
             # domain's row holds the rows back, not a not_before of their own.
             until = 0.0 if lease.domain in self.politeness.steered else paused_until
             self.writes.batch.transitions.append(
-                Transition(lease.task_id, lease.token, Outcome.RELEASE, not_before=until)
+                Transition(lease.request_id, lease.token, Outcome.RELEASE, not_before=until)
             )
             self.ctx.stats.inc_value("reliability/domain/held")
         if len(keep) == len(ready):
@@ -473,9 +473,9 @@ class Outcomes:
         ]
         for lease in orphans:
             logger.warning(
-                "Frontier task %(id)d was dropped by a middleware without a response; "
+                "Frontier request %(id)d was dropped by a middleware without a response; "
                 "recording it as ignored",
-                {"id": lease.task_id},
+                {"id": lease.request_id},
                 extra=self.ctx.log(),
             )
             self.ignore(lease, error="dropped without a response")

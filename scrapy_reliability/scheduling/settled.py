@@ -97,7 +97,7 @@ def send(crawler: Crawler, lease: Lease, tr: Transition, worker_id: str, to: Rec
     if not (to.direct or to.signal):
         return
     event = reliability_signals.Settled(
-        task_id=lease.task_id,
+        request_id=lease.request_id,
         url=lease.url,
         domain=lease.domain,
         outcome=outcome,
@@ -126,14 +126,14 @@ def account(
     end, their stats count and their outcomes go to who listens; leases found lost
     are forgotten and logged. Returns the domains whose leases ended (None when one
     is not known) and whether rows went back to pending."""
-    by_id = {tr.task_id: tr for tr in batch.transitions}
+    by_id = {tr.request_id: tr for tr in batch.transitions}
     to = receivers(ctx.crawler)
     freed: set[str] | None = set()
     requeued = False
-    for task_id in result.settled:
-        tr = by_id[task_id]
-        leases.forget(task_id, tr.token)
-        lease = leases.end_settling(task_id, tr.token)
+    for request_id in result.settled:
+        tr = by_id[request_id]
+        leases.forget(request_id, tr.token)
+        lease = leases.end_settling(request_id, tr.token)
         ctx.tally.add(STAT_OF[tr.outcome])
         requeued = requeued or tr.outcome in (Outcome.RESCHEDULE, Outcome.RELEASE)
         if lease is None:
@@ -143,20 +143,20 @@ def account(
         if to is not None and lease is not None:
             send(ctx.crawler, lease, tr, ctx.worker_id, to)
     if result.lost:
-        for task_id in result.lost:
-            leases.forget(task_id, by_id[task_id].token)
-            leases.end_settling(task_id, by_id[task_id].token)
+        for request_id in result.lost:
+            leases.forget(request_id, by_id[request_id].token)
+            leases.end_settling(request_id, by_id[request_id].token)
         if batch.retried:
-            _already_recorded(ctx, [by_id[task_id] for task_id in result.lost])
+            _already_recorded(ctx, [by_id[request_id] for request_id in result.lost])
         else:
             _lost(ctx, result.lost)
     ctx.tally.flush()
     return freed, requeued
 
 
-def _lost(ctx: Context, task_ids: list[int]) -> None:
-    ctx.stats.inc_value("reliability/lease/lost", len(task_ids))
-    logger.warning("%(error)s", {"error": LeaseLost(task_ids)}, extra=ctx.log())
+def _lost(ctx: Context, request_ids: list[int]) -> None:
+    ctx.stats.inc_value("reliability/lease/lost", len(request_ids))
+    logger.warning("%(error)s", {"error": LeaseLost(request_ids)}, extra=ctx.log())
 
 
 #: The state a transition leaves its row in.
@@ -178,14 +178,16 @@ def _already_recorded(ctx: Context, transitions: list[Transition]) -> None:
     frontier = ctx.frontier
     if frontier is None:
         return
-    ids = [tr.task_id for tr in transitions]
+    ids = [tr.request_id for tr in transitions]
 
     def read(future: Future[dict[int, str]]) -> None:
         states = {} if future.exception() is not None else future.result()
         applied = {
-            tr.task_id for tr in transitions if states.get(tr.task_id) == _STATE_AFTER[tr.outcome]
+            tr.request_id
+            for tr in transitions
+            if states.get(tr.request_id) == _STATE_AFTER[tr.outcome]
         }
-        lost = [task_id for task_id in ids if task_id not in applied]
+        lost = [request_id for request_id in ids if request_id not in applied]
         if applied:
             ctx.stats.inc_value("reliability/write/already_recorded", len(applied))
             logger.info(

@@ -292,8 +292,8 @@ class WritePipeline:
             return False
         return self.claims.carry_with(*claim_inputs(batch, self._lease_domain))
 
-    def _lease_domain(self, task_id: int) -> str | None:
-        lease = self.leases.get(task_id)
+    def _lease_domain(self, request_id: int) -> str | None:
+        lease = self.leases.get(request_id)
         return None if lease is None else lease.domain
 
     def _written(
@@ -419,8 +419,8 @@ class WritePipeline:
         cannot be stored is buried as ``refused`` instead; anything else (a burial
         whose dead letter cannot be written, an ack) stays unresolved: its lease is
         released at close, so the next run fetches it again (fail closed)."""
-        lease = self.leases.settling(tr.task_id, tr.token)
-        url = lease.url if lease is not None else f"frontier task {tr.task_id}"
+        lease = self.leases.settling(tr.request_id, tr.token)
+        url = lease.url if lease is not None else f"frontier request {tr.request_id}"
         if tr.outcome is Outcome.RESCHEDULE:
             logger.error(
                 "Cannot store the retry or redirect of %(url)s (%(error)s); burying it as refused",
@@ -430,7 +430,7 @@ class WritePipeline:
             self.ctx.stats.inc_value("reliability/refused/transition")
             self.batch.transitions.append(
                 Transition(
-                    tr.task_id,
+                    tr.request_id,
                     tr.token,
                     Outcome.DEAD,
                     error=f"cannot store its {tr.outcome.value}: {cause}",
@@ -446,8 +446,8 @@ class WritePipeline:
             {"url": url, "outcome": tr.outcome.value, "error": cause},
             extra=self.ctx.log(),
         )
-        self.leases.forget(tr.task_id, tr.token)
-        self.leases.end_settling(tr.task_id, tr.token)
+        self.leases.forget(tr.request_id, tr.token)
+        self.leases.end_settling(tr.request_id, tr.token)
 
     def refuse(
         self,

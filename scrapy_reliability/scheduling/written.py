@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 from scrapy import Request
 
-from scrapy_reliability.scheduling.meta import TASK_META, TRANSIENT_META
+from scrapy_reliability.scheduling.meta import REQUEST_ID_META, TRANSIENT_META
 
 #: Requests kept at most, and their payloads' characters at most.
 MAX_REQUESTS = 4096
@@ -102,7 +102,7 @@ class WrittenRequests:
             return None
         self._chars -= len(found[0])
         written, request = found
-        if written != payload or TASK_META in request.meta:
+        if written != payload or REQUEST_ID_META in request.meta:
             return None
         self._handed_out += 1
         return request

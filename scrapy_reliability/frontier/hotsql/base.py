@@ -183,7 +183,7 @@ class HotSql(abc.ABC):
         candidates = self.candidates(conn, job_id, now=now, excluded=(), limit=limit)
         if not candidates:
             return []
-        ids = [task_id for task_id, _ in candidates]
+        ids = [request_id for request_id, _ in candidates]
         return self.lease(
             conn, ids, token=token, worker_id=worker_id, expires_at=expires_at, now=now
         )

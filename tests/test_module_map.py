@@ -1,0 +1,51 @@
+"""docs/architecture.md names every module of the package in its module map, and
+names none that is gone; no two modules share a basename except the command/storage
+pairs the map names."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "scrapy_reliability"
+#: A `commands/` module that is the command line of the `frontier/` module of its name.
+PAIRS = {"cache.py", "move.py", "operations.py", "rekey.py"}
+
+
+def _modules() -> set[str]:
+    return {
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py" and "versions" not in p.parts
+    }
+
+
+def _mapped() -> list[str]:
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([\w/]+\.py)` \|", section, flags=re.MULTILINE)
+
+
+def test_the_module_map_names_every_module_once() -> None:
+    mapped = _mapped()
+    assert [m for m, n in Counter(mapped).items() if n > 1] == []
+    assert sorted(_modules() - set(mapped)) == [], "modules missing from the module map"
+    assert sorted(set(mapped) - _modules()) == [], "the module map names modules that are gone"
+
+
+def test_no_two_modules_share_a_basename_but_the_command_storage_pairs() -> None:
+    names = Counter(Path(m).name for m in _modules())
+    shared = {name for name, n in names.items() if n > 1}
+    assert shared == PAIRS
+    for name in PAIRS:
+        assert {f"commands/{name}", f"frontier/{name}"} <= _modules()
+
+
+def test_every_word_of_the_glossary_is_defined_once() -> None:
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## Words used in the code", 1)[1].split("\n## ", 1)[0]
+    words = [w for w in re.findall(r"^\| ([^|]+?) \| ", section, flags=re.MULTILINE) if w != "Word"]
+    assert len(words) >= 20
+    assert len(words) == len(set(words))

@@ -151,6 +151,8 @@ class PgProxy:
         self._run(stop())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def __enter__(self) -> PgProxy:
         return self.start()

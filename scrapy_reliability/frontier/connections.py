@@ -35,6 +35,7 @@ def open_engine(
     if parsed.get_backend_name() == "sqlite" and exclusive:
         lock = dialect.SqliteProcessLock(parsed)
         lock.acquire()
+    engine: Engine | None = None
     try:
         engine = dialect.create(parsed, busy_timeout=busy_timeout, limits=limits)
         try:
@@ -42,6 +43,9 @@ def open_engine(
         except OperationalError as exc:
             raise migrate.unavailable(parsed, exc) from None
     except BaseException:
+        # A refused schema or an unreachable server leaves no connection open.
+        if engine is not None:
+            engine.dispose()
         if lock is not None:
             lock.release()
         raise

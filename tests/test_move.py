@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, insert, make_url, select, update
 
-from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
+from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch, feeds
 from scrapy_reliability.frontier.schema import (
     dead_letters,
     domains,
@@ -64,6 +64,10 @@ def build_job(url: str, *, live: bool = False) -> None:
         second = frontier.open_job(JOB, SCHEME, restart_finished=True, now=now - 3600)
         States(frontier)  # run 2: done, dead, leased, expired, retry, paused, waiting, due
         frontier.record_limits(second.id, json.dumps({"default": {"rate": 4.0}}))
+        # A local feed's committed position (exactly-once output): moved with its run.
+        feeds.open_feeds(
+            frontier.engine, second.id, {"box:/data/items.jsonl": feeds.FeedPosition(4096, 31)}, now
+        )
         companion = frontier.open_job(f"{JOB}:dupefilter", SCHEME)
         frontier.add_fingerprints(companion.id, [f"{i:040x}" for i in range(1200)])
         other = frontier.open_job("other", SCHEME)
@@ -192,6 +196,7 @@ def test_postgres_to_sqlite_and_back_keeps_every_column_of_every_row(
     before = contents(postgres_url)
     assert len(before[requests.name]) > 1300 and len(before["reliability_fingerprints"]) == 1200
     assert sum('"state": "leased"' in r for r in before[requests.name]) == 4
+    assert len(before["reliability_feed_positions"]) == 1  # exactly-once output's state
     pg = with_password(postgres_url)
     lite = f"sqlite:///{tmp_path / 'moved' / 'frontier.sqlite'}"
 

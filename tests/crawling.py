@@ -50,12 +50,13 @@ class Crawl:
 
     def start(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         self.runs += 1
-        log = (self.project / f"run{self.runs}.log").open("wb")
         env = {**os.environ, **(env or {})}
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-        return subprocess.Popen(
-            self.command(), cwd=self.project, stdout=log, stderr=subprocess.STDOUT, env=env
-        )
+        # The child writes its own copy of the descriptor; ours is closed at once.
+        with (self.project / f"run{self.runs}.log").open("wb") as log:
+            return subprocess.Popen(
+                self.command(), cwd=self.project, stdout=log, stderr=subprocess.STDOUT, env=env
+            )
 
     def log(self, run: int | None = None) -> str:
         return (self.project / f"run{run or self.runs}.log").read_text(errors="replace")

@@ -8,16 +8,19 @@ import re
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-PACKAGE = REPO / "scrapy_reliability"
+from tests.test_layers import PACKAGE
+from tests.test_layers import _modules as _by_name
+
+REPO = PACKAGE.parent
 #: A `commands/` module that is the command line of the `frontier/` module of its name.
 PAIRS = {"cache.py", "move.py", "operations.py", "rekey.py"}
 
 
 def _modules() -> set[str]:
+    """The package's modules as paths (no ``__init__.py``, no Alembic revision)."""
     return {
-        str(p.relative_to(PACKAGE))
-        for p in PACKAGE.rglob("*.py")
+        p.relative_to(PACKAGE).as_posix()
+        for p in _by_name().values()
         if p.name != "__init__.py" and "versions" not in p.parts
     }
 

@@ -812,6 +812,30 @@ def test_a_write_aborted_as_a_deadlock_runs_again(postgres_url: str) -> None:
         other.dispose()
 
 
+def test_a_transaction_aborted_by_a_concurrent_one_runs_again_after_a_growing_random_pause() -> None:
+    """The pause lets the other transaction of a deadlock take its locks first; any
+    other error, and the last attempt's, is raised."""
+    import psycopg
+    from sqlalchemy.exc import DBAPIError
+
+    from scrapy_reliability.frontier.dialect import rerun_pause
+
+    def aborted(sqlstate: str) -> DBAPIError:
+        orig = psycopg.errors.lookup(sqlstate)("aborted")
+        return DBAPIError.instance("INSERT", None, orig, psycopg.Error)
+
+    deadlock = aborted("40P01")
+    pauses = [rerun_pause(deadlock, attempt, 5) for attempt in range(4) for _ in range(50)]
+    assert all(0.01 <= p <= 0.4 for p in pauses)
+    assert max(pauses[:50]) <= 0.05 < min(pauses[150:]) * 2  # doubles per attempt
+    assert len(set(pauses)) > 150  # random: two workers do not meet again in step
+    assert rerun_pause(aborted("40001"), 0, 5) > 0  # a serialization failure too
+    with pytest.raises(DBAPIError):
+        rerun_pause(deadlock, 4, 5)  # the last attempt
+    with pytest.raises(DBAPIError):
+        rerun_pause(aborted("23505"), 0, 5)  # a unique violation is not a race lost
+
+
 def wait_for_a_lock_wait(engine: Engine) -> None:
     """Return once another session of this database waits on a lock (a loaded machine
     can take far longer than a fixed sleep to get the writer there)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
+import random
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -320,9 +321,15 @@ def least(engine: Engine, *values: Any) -> Any:
 _RETRYABLE = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure
 
 
-def is_retryable(exc: BaseException) -> bool:
-    """Whether ``exc`` (a DBAPIError) aborted a transaction that may simply run again."""
-    return getattr(getattr(exc, "orig", None), "sqlstate", None) in _RETRYABLE
+def rerun_pause(exc: DBAPIError, attempt: int, attempts: int) -> float:
+    """Seconds to wait before running again a transaction PostgreSQL aborted with
+    ``exc`` only because of a concurrent one (a deadlock, a serialization failure);
+    ``attempt`` counts from 0 of ``attempts``. Raises ``exc`` when it may not run
+    again. The pause is random and doubles per attempt: the other transaction of
+    the deadlock gets the locks first instead of meeting this one again."""
+    if attempt + 1 >= attempts or getattr(exc.orig, "sqlstate", None) not in _RETRYABLE:
+        raise exc
+    return random.uniform(0.01, 0.05) * 2**attempt
 
 
 def is_lock_timeout(exc: BaseException) -> bool:

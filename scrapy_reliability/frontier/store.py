@@ -13,7 +13,9 @@ per dialect) and :mod:`.connections`. The records it takes and returns are in
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from sqlalchemy import Connection, Engine
@@ -55,7 +57,7 @@ from scrapy_reliability.frontier.transitions import WritePath
 SQLAlchemyError = _SQLAlchemyError
 
 # A write aborted as a deadlock or serialization failure runs again at most this often.
-_DEADLOCK_RETRIES = 3
+_DEADLOCK_RETRIES = 5
 
 
 def _now(now: float | None) -> float:
@@ -306,10 +308,8 @@ class Frontier:
                     return landed(self._write(job_id, batch, claim, policy, now, pinned=pinned))
             except DBAPIError as exc:
                 # Two workers inserting the same new keys in different orders can
-                # deadlock; PostgreSQL aborts one transaction, which is safe to run
-                # again at once (it changed nothing).
-                if attempt + 1 == _DEADLOCK_RETRIES or not dialect.is_retryable(exc):
-                    raise
+                # deadlock; PostgreSQL aborts one transaction, which changed nothing.
+                time.sleep(dialect.rerun_pause(exc, attempt, _DEADLOCK_RETRIES))
                 self.deadlocks += 1
         raise AssertionError("unreachable")
 
@@ -360,8 +360,7 @@ class Frontier:
                 with self.tokens.claiming() as landed:
                     return landed(await self._single.write_async(w, on_thread))
             except DBAPIError as exc:
-                if attempt + 1 == _DEADLOCK_RETRIES or not dialect.is_retryable(exc):
-                    raise
+                await asyncio.sleep(dialect.rerun_pause(exc, attempt, _DEADLOCK_RETRIES))
                 self.deadlocks += 1
         raise AssertionError("unreachable")
 

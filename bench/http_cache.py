@@ -403,19 +403,19 @@ def _time_per_call(fn: Callable[[], object], n: int, repeat: int = 3) -> float:
 
 def hit_path_components(st: Storage, n: int) -> dict[str, float]:
     """HttpCacheStorage.retrieve_response's steps timed one by one (private names of
-    scrapy_reliability/httpcache.py and frontier/cache.py, as of this benchmark)."""
+    scrapy_reliability/httpcache.py and frontier/cache_table.py, as of this benchmark)."""
     import gzip
 
     from scrapy.http import Headers
     from scrapy.responsetypes import responsetypes
 
-    from scrapy_reliability.frontier import cache
+    from scrapy_reliability.frontier import cache_table
 
     impl = st.impl
     fingerprint = impl._fingerprint
     keys = [fingerprint(r).hex() for r in fresh_requests(n)]
     rows = [impl._read(k) for k in keys]
-    entries = [cache.unpack(r) for r in rows]
+    entries = [cache_table.unpack(r) for r in rows]
     out: dict[str, float] = {}
 
     def fingerprints() -> None:
@@ -467,9 +467,9 @@ def hit_path_components(st: Storage, n: int) -> dict[str, float]:
 
     def unpacks() -> None:
         for r in rows:
-            cache.unpack(r)
+            cache_table.unpack(r)
 
-    out["cache.unpack (all checks)"] = _time_per_call(unpacks, n)
+    out["cache_table.unpack (all checks)"] = _time_per_call(unpacks, n)
     bodies = [bytes(r[4]) for r in rows]
 
     def decompress() -> None:

@@ -239,7 +239,7 @@ class DatabaseThread:
     ) -> Future[T]:
         """Run the coroutine ``start()`` on the reactor's asyncio loop in this
         FIFO's order: after every call submitted before it, before every call
-        submitted after it, alone (it may use what the thread's calls use, and
+        submitted after it, on its own (it may use what the thread's calls use, and
         :meth:`on_thread` for a call of its own there). ``on_done(future)`` then
         runs on the reactor thread."""
         future: Future[T] = Future()

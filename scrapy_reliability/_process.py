@@ -1,7 +1,7 @@
 """Two settings of the Python process a crawl runs in, changed while the crawl runs
 and put back after, each counted so that crawls sharing a process (several crawlers
 in one ``CrawlerProcess``) change it once and the last one puts it back. A process
-that set its own value is left alone.
+that set its own value is kept.
 
 * The GIL's switch interval (:data:`SWITCH`), while a database thread runs.
 * The garbage collector's frozen objects (:data:`GC_FREEZE`), while a spider runs

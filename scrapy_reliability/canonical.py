@@ -153,7 +153,7 @@ def _known_canonical(url: str) -> str | None:
 
     canonicalize_url drops the fragment: everything after the first ``#`` (a URL
     has none before it; ``%23`` is no fragment). So a URL whose part before that
-    ``#`` is one w3lib leaves alone canonicalises to that part, whatever the
+    ``#`` is one w3lib keeps canonicalises to that part, whatever the
     fragment holds, as long as w3lib can encode it: a non-ASCII fragment (which it
     percent-encodes, and on which a lone surrogate makes it raise) goes through it.
     """
@@ -377,7 +377,7 @@ class CanonicalPolicy:
 
 
 def _w3lib_agrees() -> bool:
-    """Whether the w3lib installed leaves alone what :func:`_w3lib_keeps` says it
+    """Whether the w3lib installed keeps what :func:`_w3lib_keeps` says it
     does, and drops a fragment whatever it holds (a later w3lib may canonicalise
     more): else every URL goes through it."""
     probes = (

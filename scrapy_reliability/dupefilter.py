@@ -3,7 +3,7 @@
 Under :class:`scrapy_reliability.Scheduler` the frontier row *is* the dedup
 record (one unique key per job and fingerprint); this class then only computes
 keys and keeps a bounded cache of recent ones. Under Scrapy's own scheduler it
-works alone: fingerprints go to the frontier database, so they persist across
+works on its own: fingerprints go to the frontier database, so they persist across
 runs, and memory stays bounded however long the crawl.
 """
 
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 #: Duplicates are logged as stock Scrapy logs them, under its dupefilter's logger.
 duplicates_logger = logging.getLogger("scrapy.dupefilters")
 
-# Standalone mode writes seen fingerprints in batches of this many.
+# Under Scrapy's scheduler, this filter writes seen fingerprints in batches of this many.
 _FLUSH_EVERY = 256
 
 
@@ -105,7 +105,7 @@ class DupeFilter(BaseDupeFilter):
         #: request is a duplicate of another.
         self.filtering = True
         self._logged_once = False
-        # Standalone mode only:
+        # Under Scrapy's scheduler only:
         self._frontier: Frontier | None = None
         self._job: Job | None = None
         self._unwritten: set[str] = set()
@@ -159,7 +159,7 @@ class DupeFilter(BaseDupeFilter):
         # dont_filter=True still gets a row, under a key of its own.
         return f"u:{uuid.uuid4().hex}"
 
-    # -- standalone mode (Scrapy's own scheduler calls these) -------------------------------
+    # -- under Scrapy's own scheduler (which calls these) -----------------------------------
 
     def open(self) -> None:
         # Scrapy's own scheduler may open it before the spider exists: the job is

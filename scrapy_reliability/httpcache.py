@@ -32,7 +32,7 @@ from sqlalchemy import Engine, PoolProxiedConnection
 from sqlalchemy.exc import SQLAlchemyError
 
 from scrapy_reliability._crashpoints import crash_point
-from scrapy_reliability.frontier import cache, dialect
+from scrapy_reliability.frontier import cache_table, dialect
 from scrapy_reliability.frontier.errors import first_line
 from scrapy_reliability.frontier.politeness import longest_match
 from scrapy_reliability.frontier.recrawl import DUE
@@ -242,7 +242,7 @@ class HttpCacheStorage:
         self._stats = crawler.stats
         self._fingerprint = crawler.request_fingerprinter.fingerprint
         self._scope = spider.name
-        self._read_sql = cache.read_text(engine)
+        self._read_sql = cache_table.read_text(engine)
         self._writer = _Writer(engine, self.options.max_bytes, self._inc)
         self._writer.start()
         logger.info(
@@ -277,7 +277,7 @@ class HttpCacheStorage:
         if row is None:
             return None
         try:
-            entry = cache.unpack(row)
+            entry = cache_table.unpack(row)
             headers = Headers(
                 [(k.encode("latin-1"), v.encode("latin-1")) for k, v in entry.headers]
             )
@@ -285,7 +285,7 @@ class HttpCacheStorage:
             response = cls(
                 url=entry.response_url, status=entry.status, headers=headers, body=entry.body
             )
-        except (cache.Damaged, ValueError, TypeError, UnicodeError) as exc:
+        except (cache_table.Damaged, ValueError, TypeError, UnicodeError) as exc:
             # A row that fails its checks, or that Scrapy cannot make a response of
             # (a URL without a scheme, a header outside latin-1): a miss, never a page.
             self._inc("httpcache/corrupt")
@@ -320,7 +320,7 @@ class HttpCacheStorage:
             # Content-Length is the 304's, not the stored body's.
             headers[b"Content-Length"] = str(len(response.body)).encode()
         self._writer.put(
-            cache.NewEntry(
+            cache_table.NewEntry(
                 scope=self._scope,
                 fingerprint=self._fingerprint(request).hex(),
                 namespace=self.options.namespace,
@@ -391,8 +391,8 @@ class _Writer(threading.Thread):
         self._total: int | None = None
         self._warned_at = 0.0
 
-    def put(self, entry: cache.NewEntry) -> None:
-        row = cache.pack(entry)
+    def put(self, entry: cache_table.NewEntry) -> None:
+        row = cache_table.pack(entry)
         with self._cond:
             self._rows[(entry.scope, entry.fingerprint)] = row
             if len(self._rows) >= self.BATCH:
@@ -435,17 +435,17 @@ class _Writer(threading.Thread):
         try:
             with self.engine.begin() as conn:
                 for scope, fingerprint in deleted:
-                    cache.delete_entry(conn, scope, fingerprint)
-                added = cache.write(conn, self.engine, rows, used)
+                    cache_table.delete_entry(conn, scope, fingerprint)
+                added = cache_table.write(conn, self.engine, rows, used)
                 crash_point("mid_cache_write")
                 if self.max_bytes:
                     if self._total is None:
-                        self._total = cache.stored_bytes(conn)
+                        self._total = cache_table.stored_bytes(conn)
                     else:
                         self._total += added
                     if self._total > self.max_bytes:
-                        evicted, freed = cache.evict(conn, self._total, self.max_bytes)
-                        self._total = cache.stored_bytes(conn)
+                        evicted, freed = cache_table.evict(conn, self._total, self.max_bytes)
+                        self._total = cache_table.stored_bytes(conn)
                         self.inc("httpcache/evicted", evicted)
                         self.inc("httpcache/evicted_bytes", freed)
         except (SQLAlchemyError, OSError) as exc:

@@ -12,8 +12,8 @@ behaves the same when it is rebuilt, after a restart or a ``kill -9`` too:
   scrapy-playwright looks up on the spider. ``playwright_page_init_callback``: a
   module-level function is stored by its import path, which scrapy-playwright loads.
 * A live ``Page`` (``playwright_page``, set by ``playwright_include_page=True`` or
-  passed on to reuse a page) is never stored: only a reference that this process
-  alone can resolve. In this process the request gets the very same page back. In
+  passed on to reuse a page) is never stored: only a reference that no other process
+  can resolve. In this process the request gets the very same page back. In
   any other (the run after a crash or ``kill -9``, another worker), the page is gone
   with its browser: the request is fetched in a new page, as on a first fetch, and a
   warning names it.

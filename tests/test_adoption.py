@@ -26,8 +26,8 @@ from scrapy_reliability.frontier.adoption import (
     adoption_of,
     is_adopted,
 )
+from scrapy_reliability.frontier.key_rewrite import rekey_job
 from scrapy_reliability.frontier.recrawl import RecrawlRules
-from scrapy_reliability.frontier.rekey import rekey_job
 from scrapy_reliability.frontier.schema import dead_letters, jobs, requests
 from scrapy_reliability.scheduling.stock_jobdir import SeenFingerprints, find
 
@@ -202,7 +202,7 @@ def test_rekey_keeps_adopted_fingerprints_and_says_how_many(frontier: Any) -> No
         key_of,
         dedup_scheme="x",
         url_policy="1",
-        check_alone=lambda conn: None,
+        check_no_worker=lambda conn: None,
     )
     assert (result.adopted, result.unreadable, len(read)) == (1, 0, 1)
     assert key(1) in rows(frontier)

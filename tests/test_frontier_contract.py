@@ -812,7 +812,7 @@ def test_a_write_aborted_as_a_deadlock_runs_again(postgres_url: str) -> None:
         other.dispose()
 
 
-def test_a_transaction_aborted_by_a_concurrent_one_runs_again_after_a_growing_random_pause() -> None:
+def test_a_transaction_lost_to_a_concurrent_one_runs_again_after_a_growing_random_pause() -> None:
     """The pause lets the other transaction of a deadlock take its locks first; any
     other error, and the last attempt's, is raised."""
     import psycopg

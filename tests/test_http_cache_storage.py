@@ -17,7 +17,7 @@ from scrapy.http import HtmlResponse, Response, TextResponse
 from scrapy.utils.test import get_crawler
 from sqlalchemy import create_engine, text
 
-from scrapy_reliability.frontier import cache
+from scrapy_reliability.frontier import cache_table
 from scrapy_reliability.httpcache import CacheOptions, HttpCachePolicy, HttpCacheStorage
 from scrapy_reliability.settings_values import SettingError
 
@@ -216,7 +216,7 @@ def test_eviction_keeps_the_cache_under_its_bound(frontier_url: str) -> None:
         storage.close_spider(spider)
     engine = create_engine(frontier_url)
     with engine.connect() as conn:
-        total = cache.stored_bytes(conn)
+        total = cache_table.stored_bytes(conn)
     engine.dispose()
     assert 0 < total <= bound
     assert (spider.crawler.stats.get_value("httpcache/evicted") or 0) > 0
@@ -269,8 +269,8 @@ def test_ttl_rules_by_domain_then_content_type_then_default() -> None:
 
 
 def test_unpack_refuses_rows_that_are_not_what_pack_wrote() -> None:
-    row = cache.pack(
-        cache.NewEntry(
+    row = cache_table.pack(
+        cache_table.NewEntry(
             scope="s",
             fingerprint="f",
             namespace="1",
@@ -284,8 +284,8 @@ def test_unpack_refuses_rows_that_are_not_what_pack_wrote() -> None:
             now=1.0,
         )
     )
-    good = [row[k] for k in cache.READ_COLUMNS.replace(" ", "").split(",")]
-    assert cache.unpack(good).body == b"body"
+    good = [row[k] for k in cache_table.READ_COLUMNS.replace(" ", "").split(",")]
+    assert cache_table.unpack(good).body == b"body"
     for index, value in [
         (3, "{not json"),
         (3, '[["a"]]'),
@@ -297,8 +297,8 @@ def test_unpack_refuses_rows_that_are_not_what_pack_wrote() -> None:
     ]:
         bad = list(good)
         bad[index] = value
-        with pytest.raises(cache.Damaged):
-            cache.unpack(bad)
+        with pytest.raises(cache_table.Damaged):
+            cache_table.unpack(bad)
 
 
 def test_stored_text_responses_keep_their_encoding(

@@ -7,7 +7,7 @@ import datetime
 from typing import Any
 
 from scrapy_reliability.commands.context import Context
-from scrapy_reliability.frontier import cache
+from scrapy_reliability.frontier import cache_table
 from scrapy_reliability.retrypass import parse_duration
 
 
@@ -16,7 +16,7 @@ def cache_entries(ctx: Context, args: list[str]) -> None:
     inspector = ctx.inspector(spider)
     opts = ctx.opts
     older = opts.older_than
-    selection = cache.Selection(
+    selection = cache_table.Selection(
         scope=spider,
         domains=tuple(d.lower() for d in ctx.split(opts.domain)),
         stored_before=ctx.now - parse_duration(older) if older else None,
@@ -25,7 +25,7 @@ def cache_entries(ctx: Context, args: list[str]) -> None:
     if opts.purge:
         dry_run = not opts.yes
         with ctx.writing(), inspector.engine.begin() as conn:
-            count, size = cache.purge(conn, selection)
+            count, size = cache_table.purge(conn, selection)
             if dry_run:
                 conn.rollback()
         if opts.json:
@@ -38,7 +38,7 @@ def cache_entries(ctx: Context, args: list[str]) -> None:
         )
         return
     with inspector.engine.connect() as conn:
-        stats = cache.statistics(conn, selection)
+        stats = cache_table.statistics(conn, selection)
     if opts.json:
         ctx.print_json(_json(stats))
         return
@@ -57,7 +57,7 @@ def cache_entries(ctx: Context, args: list[str]) -> None:
         ctx.out("  by status: " + ", ".join(f"{s}: {n}" for s, n in stats.by_status))
 
 
-def _json(stats: cache.Stats) -> dict[str, Any]:
+def _json(stats: cache_table.Stats) -> dict[str, Any]:
     def groups(rows: list[tuple[Any, int, int]], name: str) -> list[dict[str, Any]]:
         return [{name: k, "entries": n, "stored_bytes": s} for k, n, s in rows]
 

@@ -26,7 +26,7 @@ from scrapy_reliability import _jobs
 from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.commands.text import table
 from scrapy_reliability.frontier import dialect
-from scrapy_reliability.frontier import move as mover
+from scrapy_reliability.frontier import job_copy as mover
 from scrapy_reliability.frontier.connections import reading
 
 #: Host names that all mean this machine.

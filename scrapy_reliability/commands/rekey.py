@@ -8,7 +8,7 @@ from sqlalchemy import Connection, select
 
 from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.fingerprint import build_fingerprinter, crawl_fingerprinter
-from scrapy_reliability.frontier.rekey import RekeyResult, rekey_job
+from scrapy_reliability.frontier.key_rewrite import RekeyResult, rekey_job
 from scrapy_reliability.frontier.schema import jobs, workers
 from scrapy_reliability.serialization import CorruptPayload, payload_key_request
 
@@ -29,7 +29,7 @@ def rekey(ctx: Context, args: list[str]) -> None:
     policy = version if isinstance(version, str) else None
     lease = ctx.config(spider).lease_seconds
 
-    def check_alone(conn: Connection) -> None:
+    def check_no_worker(conn: Connection) -> None:
         since = ctx.now - lease
         live = conn.execute(
             select(workers.c.hostname, workers.c.pid)
@@ -60,7 +60,7 @@ def rekey(ctx: Context, args: list[str]) -> None:
             key_of,
             dedup_scheme=scheme,
             url_policy=policy,
-            check_alone=check_alone,
+            check_no_worker=check_no_worker,
             dry_run=ctx.opts.dry_run,
         )
     _report(ctx, job.name, scheme, policy, result)

@@ -139,7 +139,7 @@ def _check_ceiling(ceiling: float) -> None:
 
 def current_rate(state: AdaptiveState, ceiling: float, params: AdaptiveParams) -> float:
     """Requests per second the domain may run at now, ``ceiling`` being its
-    configured rate. A function of the state alone: a claim only reads it."""
+    configured rate. A function of the state only: a claim only reads it."""
     _check_ceiling(ceiling)
     if state.limit <= 0.0:
         return ceiling

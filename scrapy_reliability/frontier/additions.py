@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, select, update
 
 from scrapy_reliability.frontier import audit, wakeups
-from scrapy_reliability.frontier.operations import chunks
+from scrapy_reliability.frontier.operator_writes import chunks
 from scrapy_reliability.frontier.records import NewRequest, WriteBatch
 from scrapy_reliability.frontier.schema import JOB_RUNNING, jobs, requests
 from scrapy_reliability.frontier.store import Frontier

@@ -19,9 +19,9 @@ as a :class:`Queued` row. This module writes them; it knows nothing of Scrapy.
   batches: no statement looks rows up by key, which PostgreSQL would plan as scans
   of a table it has no statistics of yet.
 * **The mark.** :data:`MARK` in ``reliability_fingerprints`` (which otherwise holds
-  the standalone DupeFilter's fingerprints; no fingerprint has this form) says the job
-  was adopted: its start requests are then keyed by their fingerprint, as the rows of
-  ``requests.seen`` are (see ``Scheduler._key_for``).
+  the fingerprints of the DupeFilter under Scrapy's scheduler; no fingerprint has
+  this form) says the job was adopted: its start requests are then keyed by their
+  fingerprint, as the rows of ``requests.seen`` are (see ``Scheduler._key_for``).
 """
 
 from __future__ import annotations

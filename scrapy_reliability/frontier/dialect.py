@@ -329,7 +329,7 @@ def rerun_pause(exc: DBAPIError, attempt: int, attempts: int) -> float:
     the deadlock gets the locks first instead of meeting this one again."""
     if attempt + 1 >= attempts or getattr(exc.orig, "sqlstate", None) not in _RETRYABLE:
         raise exc
-    return random.uniform(0.01, 0.05) * 2**attempt
+    return random.uniform(0.01, 0.05) * float(2**attempt)
 
 
 def is_lock_timeout(exc: BaseException) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from scrapy_reliability.frontier import clock, operations, operator_limits
+from scrapy_reliability.frontier import clock, operator_limits, operator_writes
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.domains import adaptive_state, learned_states
 from scrapy_reliability.frontier.jobs import counts as state_counts
@@ -313,7 +313,7 @@ class Inspector:
         """Dead letters of a job, most recent failure first."""
         query = (
             select(dead_letters)
-            .where(dead_letters.c.job_id == job_id, *operations.dead_filter(selection))
+            .where(dead_letters.c.job_id == job_id, *operator_writes.dead_filter(selection))
             .order_by(dead_letters.c.last_failed_at.desc(), dead_letters.c.id.desc())
         )
         if limit is not None:
@@ -358,7 +358,7 @@ class Inspector:
         Returns how many requests were (or, with ``dry_run``, would be) requeued."""
         now = clock.now() if now is None else now
         with self.engine.begin() as conn:
-            return operations.requeue(conn, job_id, selection, dry_run=dry_run, now=now)
+            return operator_writes.requeue(conn, job_id, selection, dry_run=dry_run, now=now)
 
     def purge_dead_letters(
         self, job_id: int, selection: DeadFilter, *, dry_run: bool = False
@@ -366,7 +366,7 @@ class Inspector:
         """Delete dead letters (the request rows stay ``dead``, so they are not fetched
         again)."""
         with self.engine.begin() as conn:
-            return operations.purge_dead_letters(conn, job_id, selection, dry_run=dry_run)
+            return operator_writes.purge_dead_letters(conn, job_id, selection, dry_run=dry_run)
 
     def purge_pending(
         self,
@@ -380,7 +380,7 @@ class Inspector:
         dedup key stays and they are not discovered and fetched again."""
         now = clock.now() if now is None else now
         with self.engine.begin() as conn:
-            return operations.purge_pending(
+            return operator_writes.purge_pending(
                 conn, job_id, domains_=domains_, dry_run=dry_run, now=now
             )
 
@@ -405,7 +405,7 @@ class Inspector:
         """Delete every run of job ``name``: requests, dead letters, domain state,
         workers, fingerprints and the job rows. Returns rows per table."""
         with self.engine.begin() as conn:
-            return operations.purge_job(conn, name, dry_run=dry_run)
+            return operator_writes.purge_job(conn, name, dry_run=dry_run)
 
 
 def _state_counts(conn: Connection, job_id: int) -> dict[str, int]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, delete, func, select, update
 
-from scrapy_reliability.frontier import dialect, learned, operations, operator_limits
+from scrapy_reliability.frontier import dialect, learned, operator_limits, operator_writes
 from scrapy_reliability.frontier.errors import JobFinished, JobMismatch
 from scrapy_reliability.frontier.records import UNPROCESSED_CLASSES, Job
 from scrapy_reliability.frontier.recrawl import RecrawlRules, Reopened, reopen_due
@@ -142,7 +142,7 @@ def _refuse_a_late_worker(
 ) -> None:
     """A worker of a fleet started a little after its fellows finished the run: it
     is late for that run, not the first of the next (which would crawl everything
-    again alone). Counts only a run finished less than ``late_within`` seconds ago
+    again on its own). Counts only a run finished less than ``late_within`` seconds ago
     by two workers or more alive together: the worker that stopped last and those
     that ran beside it (a predecessor it took leases back from stopped as it began)."""
     if row.finished_at is None or now - float(row.finished_at) >= late_within:
@@ -308,10 +308,12 @@ def reopen_dead(
     if job_id is None:
         return None
     selection = DeadFilter(tuple(error_classes), tuple(domains), failed_before)
-    ids = list(conn.execute(operations.dead_requests(job_id, selection)).scalars())
+    ids = list(conn.execute(operator_writes.dead_requests(job_id, selection)).scalars())
     # Unlike a requeue, a retry pass keeps the dead letters: a request buried again
     # keeps its first failure, and its letter counts the passes.
-    return job_id, operations.reopen(conn, job_id, ids, now, letters=operations.count_pass)
+    return job_id, operator_writes.reopen(
+        conn, job_id, ids, now, letters=operator_writes.count_pass
+    )
 
 
 # -- workers ------------------------------------------------------------------------------

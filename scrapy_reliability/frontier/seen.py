@@ -1,4 +1,4 @@
-"""The standalone DupeFilter's seen set (``reliability_fingerprints``): the
+"""The DupeFilter's seen set under Scrapy's own scheduler (``reliability_fingerprints``): the
 fingerprints of a crawl that runs under Scrapy's own scheduler."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.schema import fingerprints
 
-# Built once: this lookup runs for every request under the standalone DupeFilter.
+# Built once: this lookup runs for every request under the DupeFilter with Scrapy's scheduler.
 _SEEN = select(fingerprints.c.fingerprint).where(
     fingerprints.c.job_id == bindparam("job_id"),
     fingerprints.c.fingerprint == bindparam("fingerprint"),

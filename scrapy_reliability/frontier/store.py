@@ -467,7 +467,7 @@ class Frontier:
                 conn, name, error_classes=classes, domains=domains, failed_before=before, now=at
             )
 
-    # -- standalone dupefilter --------------------------------------------------------------
+    # -- the dupefilter under Scrapy's scheduler ----------------------------------------------
 
     def seen(self, job_id: int, fingerprint: str) -> bool:
         return self._seen.seen(job_id, fingerprint)

@@ -1,7 +1,7 @@
 """Batches of frontier changes: their size, and splitting one a database refused.
 
 A write that the database refuses for a value of one row is written again in
-halves, in the order a write applies them, until that row is alone (see
+halves, in the order a write applies them, until that row is on its own (see
 ``WritePipeline`` in ``writes``).
 """
 
@@ -19,7 +19,7 @@ WRITE_RETRY_SECONDS = 1.0
 MAX_BUFFERED = 2000
 #: Buffered new requests that end a write's linger: more per transaction gains little.
 LINGER_ROWS = 64
-#: New requests alone in the batch (no ack, no dead letter, no domain change) wait
+#: New requests only in the batch (no ack, no dead letter, no domain change) wait
 #: this long, or until STREAM_ROWS are buffered, for more to share their transaction,
 #: while the worker has claimed requests to start: a callback that yields thousands
 #: of links writes them in large transactions, not in one per reactor turn (a
@@ -35,7 +35,7 @@ HEAVY_ROWS = 256
 #: few pages instead of one every page or two; RELIABILITY_WRITE_LINGER caps it (a
 #: kill -9 fetches again the pages of the last BUSY_LINGER, a few).
 BUSY_LINGER = 0.02
-#: This many changes refused one after the other, each alone, with no write in
+#: This many changes refused one after the other, each on its own, with no write in
 #: between: the database refuses everything, not one value; the crawl stops.
 SYSTEMATIC_FAILURES = 25
 
@@ -122,7 +122,7 @@ def heavy(batch: WriteBatch) -> bool:
 
 
 def linger(streaming: bool, paced: bool, write_linger: float) -> float:
-    """How long a write that nothing waits for lingers: new requests alone
+    """How long a write that nothing waits for lingers: new requests only
     (``streaming``) briefly, for the rest of their callback's output; the rest up
     to ``RELIABILITY_WRITE_LINGER`` while the worker is ``paced`` by a rate limit
     (it holds a request waiting for its token's time), ``BUSY_LINGER`` at full

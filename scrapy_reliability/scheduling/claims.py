@@ -171,7 +171,7 @@ class ClaimBuffer:
         self.wake_at(self.idle_until)
 
     def take(self, result: ClaimResult) -> None:
-        """Buffer the rows of a claim (alone or carried by a write); when none came,
+        """Buffer the rows of a claim (on its own or carried by a write); when none came,
         decide when to look again."""
         if self.ctx.closing:
             return  # its leases are released with the rest of this worker's

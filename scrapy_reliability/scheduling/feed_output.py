@@ -223,7 +223,7 @@ class FeedOutput:
         for feed in self.feeds:
             slot = _feeds.exact_slot(feed)
             at = None if slot is None else _feeds.slot_position(slot)
-            # Unchanged positions ride only with settlements: new requests alone keep
+            # Unchanged positions ride only with settlements: new requests only keep
             # their one-statement write, and a position lost with a write part the
             # database refused is written again with the next page's ack.
             if at is not None and (batch.transitions or self._sent.get(feed.key) != at):

@@ -31,7 +31,7 @@ def report(ctx: Context, *, url: str, reason: str, stat: str) -> None:
 
 def unrecorded(ctx: Context, batch: WriteBatch, cause: str) -> None:
     """The database refuses the one record of ``batch`` (a refusal, an item's dead
-    letter or domain state), alone: it is named in the log only."""
+    letter or domain state), on its own: it is named in the log only."""
     if batch.refusals:
         ctx.stats.inc_value("reliability/refused/unrecorded")
         logger.error(

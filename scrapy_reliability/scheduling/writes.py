@@ -1,6 +1,6 @@
 """The write pipeline: one batch of frontier changes gathering, one write in
 flight, backpressure, and a failed write split until the one change the
-database refuses is alone (only it pays; nothing else is dropped).
+database refuses is on its own (only it pays; nothing else is dropped).
 
 Order is the protocol: a batch is written as one transaction, inserts before the
 transitions that may ack their parents, and the parts of a failed write go
@@ -59,7 +59,7 @@ _AFTER_CLAIM = 0.01
 class Claims(Protocol):
     """What the pipeline needs of the claim buffer: a claim rides on a write."""
 
-    #: The claim in flight: alone, or carried by the write in flight.
+    #: The claim in flight: on its own, or carried by the write in flight.
     in_flight: Future[Any] | None
     #: A claim asked for while a write was in flight: it rides on the next write.
     wanted: bool
@@ -179,7 +179,7 @@ class WritePipeline:
         return math.isinf(after) and math.isinf(self.claims.next_claim_at())
 
     def streaming(self) -> bool:
-        """New requests alone wait for more (``batches.streams``), linger on."""
+        """New requests only wait for more (``batches.streams``), linger on."""
         linger = self.ctx.config.write_linger > 0 and not self.split
         return linger and streams(self.batch, has_work=bool(self.claims.ready))
 
@@ -248,7 +248,7 @@ class WritePipeline:
             return
         claims = self.claims
         if self.split:
-            # Parts of a failed write go first, alone: no claim rides on them.
+            # Parts of a failed write go first, on their own: no claim rides on them.
             claims.wanted = claims.wanted or claim
             claim = False
             batch, requests = self.split.popleft()
@@ -363,7 +363,7 @@ class WritePipeline:
         """Keep everything, in order. A storage failure (server gone, disk full) is
         waited out, up to RELIABILITY_STORAGE_GIVE_UP_SECONDS, then the crawl stops.
         Anything else means the database refused a value of one row: the batch is
-        written again in halves until that row is alone, and only it is refused
+        written again in halves until that row is on its own, and only it is refused
         (a request, recorded as such), buried or left unresolved (a transition)."""
         self.ctx.stats.inc_value("reliability/write/errors")
         if is_storage_failure(exc):
@@ -396,7 +396,7 @@ class WritePipeline:
     def _refuse_single(
         self, batch: WriteBatch, requests: dict[str, Request], exc: BaseException
     ) -> None:
-        """The one change of ``batch`` the database refuses: it alone pays."""
+        """The one change of ``batch`` the database refuses: only it pays."""
         cause = self.storage.cause(exc)
         if batch.inserts:
             row = batch.inserts[0]

@@ -51,7 +51,7 @@ Contracts
   (default 1) refilled continuously at R > 0 tokens/s (R may be fractional); a request
   that finds a token takes it and goes on to routing, one that finds none gets 429
   with ``Retry-After: --host-retry-after`` (default 1). There is no pause: each
-  request is decided alone, so a client that ignores Retry-After just draws more
+  request is decided on its own, so a client that ignores Retry-After just draws more
   429s; ``early`` is true for any request of the host (served or not) that arrives
   before the latest Retry-After the host gave ran out, counted from the 429's arrival.
   Both log 429s as ``"fault": "host-rate"``.

@@ -8,7 +8,7 @@ a request's arrival; see the contracts in :mod:`scrapy_reliability.testing.site`
 * ``bucket``: a token bucket per host, ``burst`` tokens, refilled continuously at
   ``rate`` tokens/s; a request that finds a token takes it and passes, one that finds
   none is answered 429 with ``Retry-After: host_retry_after``. No pause: each request
-  is decided alone. A request is early if it arrived before the end of the latest
+  is decided on its own. A request is early if it arrived before the end of the latest
   Retry-After its host was given, whether it passes or not.
 """
 

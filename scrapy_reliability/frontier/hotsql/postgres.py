@@ -23,7 +23,7 @@ from scrapy_reliability.frontier.records import Claimed, NewRequest
 from scrapy_reliability.frontier.schema import LEASED, PENDING, feed_positions, requests
 
 #: Lists as JSON; a value JSON cannot carry (NaN, infinity) fails its write, which
-#: is then split until that row alone is refused.
+#: is then split until only that row is refused.
 _dumps = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 
 

@@ -33,12 +33,12 @@ class SqliteHotSql(HotSql):
     insert tells which keys it added by its count of changed rows and the ids it
     gave them (new rows take the ids after the largest, one after the other: the
     write lock, BEGIN IMMEDIATE or the one statement's, is ours); a settlement, a
-    few rows, returns its ids. New requests alone are one INSERT in autocommit:
+    few rows, returns its ids. New requests only are one INSERT in autocommit:
     its commit writes the pages it changed to the WAL inside the statement's
     step, with the GIL released."""
 
     def writes_single(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
-        # New requests alone: SQLite has no data-modifying CTE to carry the rest.
+        # New requests only: SQLite has no data-modifying CTE to carry the rest.
         return not (settles or claims or output) and 0 < inserts <= INSERT_CHUNK
 
     def write_single(

@@ -70,18 +70,18 @@ def rekey_job(
     *,
     dedup_scheme: str,
     url_policy: str | None,
-    check_alone: Callable[[Connection], None],
+    check_no_worker: Callable[[Connection], None],
     dry_run: bool = False,
 ) -> RekeyResult:
     """Recompute every row's key with ``key_of`` (None: the payload cannot be read;
     the row keeps its key), merge rows that now share one (the most advanced state
     is kept: done, dead, ignored, leased, pending; the oldest row among equals),
     store ``dedup_scheme`` and ``url_policy`` on the job. One transaction;
-    ``check_alone`` runs first and again before the commit and raises when a
+    ``check_no_worker`` runs first and again before the commit and raises when a
     worker of the job is live. ``dry_run`` rolls everything back."""
     result = RekeyResult()
     with engine.connect() as conn, conn.begin() as tx:
-        check_alone(conn)
+        check_no_worker(conn)
         rows = _read(conn, job_id, key_of, result)
         keep, gone = _merge(rows, result)
         _examples(conn, gone, keep, result)
@@ -91,7 +91,7 @@ def rekey_job(
             .where(jobs.c.id == job_id)
             .values(dedup_scheme=dedup_scheme, url_policy=url_policy)
         )
-        check_alone(conn)
+        check_no_worker(conn)
         if dry_run:
             tx.rollback()
     return result

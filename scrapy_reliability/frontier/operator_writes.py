@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Select, delete, func, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from scrapy_reliability.frontier.move import job_tables
+from scrapy_reliability.frontier.job_copy import job_tables
 from scrapy_reliability.frontier.reports import DeadFilter
 from scrapy_reliability.frontier.schema import (
     DEAD,

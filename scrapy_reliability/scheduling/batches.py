@@ -1,20 +1,19 @@
-"""Batches of frontier changes: their size, and splitting one a database refused.
+"""When a batch of frontier changes is written: at once, or after lingering for more
+changes to share its transaction or for a claim to ride on it; and on which thread.
 
-A write that the database refuses for a value of one row is written again in
-halves, in the order a write applies them, until that row is on its own (see
-``WritePipeline`` in ``writes``).
+The rules and their constants, pure: plain values in, a decision out. The write
+pipeline (``WritePipeline`` in ``writes``) gathers the values: its batch, and a
+:class:`Moment` of the claim buffer's. Splitting a refused batch is in ``splits``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 from scrapy_reliability.frontier import Outcome, WriteBatch
-from scrapy_reliability.frontier.errors import first_line
 
-#: A failed write is tried again after this many seconds; nothing is dropped.
-WRITE_RETRY_SECONDS = 1.0
 #: Buffered new requests at most before enqueue_request waits for the database.
 MAX_BUFFERED = 2000
 #: Buffered new requests that end a write's linger: more per transaction gains little.
@@ -35,70 +34,83 @@ HEAVY_ROWS = 256
 #: few pages instead of one every page or two; RELIABILITY_WRITE_LINGER caps it (a
 #: kill -9 fetches again the pages of the last BUSY_LINGER, a few).
 BUSY_LINGER = 0.02
-#: This many changes refused one after the other, each on its own, with no write in
-#: between: the database refuses everything, not one value; the crawl stops.
-SYSTEMATIC_FAILURES = 25
+#: A lingering write waits this long past the claim due before its linger ends: the
+#: claim's timer runs first and the claim rides on the write.
+AFTER_CLAIM = 0.01
 
 
-def units(batch: WriteBatch) -> int:
-    """The changes of ``batch`` that a split can separate."""
+@dataclass(frozen=True)
+class Moment:
+    """What the rules read of the worker when a write is scheduled. The two costly
+    values are functions, called only when a rule needs them."""
+
+    #: Seconds, on the scheduler's clock.
+    now: float
+    #: ``RELIABILITY_WRITE_LINGER``: the longest a write lingers (0: never).
+    write_linger: float
+    #: Parts of a failed write wait: they go at once, before anything newer.
+    split: bool
+    #: The worker holds claimed requests to start.
+    has_work: bool
+    #: When the worker claims next unless a write changes that (infinity: not
+    #: before a write of its own lands).
+    next_claim_at: float
+    #: A buffered request waits for its token's time (a rate limit paces the worker).
+    paced: Callable[[], bool]
+    #: When landing the batch makes a claim worth its transaction (see
+    #: ``ClaimBuffer.claim_after``).
+    claim_after: Callable[[], float]
+    #: Buffered transitions from which a write is urgent (the engine's in-flight
+    #: bound counts the leases they end).
+    max_transitions: int = 8
+
+
+def streaming(batch: WriteBatch, m: Moment) -> bool:
+    """New requests only wait for more (:func:`streams`), unless the linger is off
+    or parts of a failed write wait."""
+    return m.write_linger > 0 and not m.split and streams(batch, has_work=m.has_work)
+
+
+def urgent(batch: WriteBatch, m: Moment) -> bool:
+    """Whether ``batch`` should be written now rather than linger (:func:`linger`) for
+    more to join it or for a claim to carry it: with the linger off, for the parts of
+    a failed write, as :func:`writes_now` says, and when the worker holds no claimed
+    request to start and these changes may make one due now (:func:`waited_for`).
+    Never while it streams."""
+    if streaming(batch, m):
+        return False
     return (
-        len(batch.inserts)
-        + len(batch.refusals)
-        + len(batch.dead_items)
-        + len(batch.transitions)
-        + (1 if batch.domain_updates or batch.successes else 0)
+        m.write_linger <= 0
+        or m.split
+        or writes_now(batch, max_transitions=m.max_transitions)
+        or (not m.has_work and waited_for(m))
     )
 
 
-def halves(batch: WriteBatch) -> list[WriteBatch]:
-    """``batch`` as two smaller batches, in the order a write applies them
-    (inserts before the transitions that may ack their parents); itself when it
-    holds one change."""
-    parts_of: list[tuple[str, Any]] = (
-        [("insert", r) for r in batch.inserts]
-        + [("refusal", r) for r in batch.refusals]
-        + [("dead_item", d) for d in batch.dead_items]
-        + [("transition", t) for t in batch.transitions]
-    )
-    if batch.domain_updates or batch.successes:
-        parts_of.append(("domains", (batch.domain_updates, batch.successes)))
-    if len(parts_of) <= 1:
-        return [batch]
-    middle = len(parts_of) // 2
-    parts = []
-    for chunk in (parts_of[:middle], parts_of[middle:]):
-        part = WriteBatch(clear_dead_letters=batch.clear_dead_letters, retried=batch.retried)
-        for kind, unit in chunk:
-            if kind == "insert":
-                part.inserts.append(unit)
-            elif kind == "refusal":
-                part.refusals.append(unit)
-            elif kind == "dead_item":
-                part.dead_items.append(unit)
-            elif kind == "transition":
-                part.transitions.append(unit)
-            else:
-                part.domain_updates, part.successes = unit
-        parts.append(part)
-    # The feed files hold the items of every ack of the batch: their positions commit
-    # with the last part, never before an ack whose items they include.
-    parts[-1].feed_positions = batch.feed_positions
-    # Sink items go with their page's ack (the last part when it is in neither).
-    if batch.items:
-        first = {tr.request_id for tr in parts[0].transitions}
-        for item in batch.items:
-            part = parts[0] if item.request_id in first else parts[-1]
-            part.items.append(item)
-            part.items_table = batch.items_table
-    return parts
+def waited_for(m: Moment) -> bool:
+    """Whether the engine, holding no claimed request, may wait for these very
+    changes (rows a claim could take now) or, with no claim coming, for the end of
+    the crawl. Not when the last claim said none of their domains may start before a
+    later time: they ride with that claim, one transaction, not two."""
+    after = m.claim_after()
+    if after <= m.now + AFTER_CLAIM:
+        return True
+    return math.isinf(after) and math.isinf(m.next_claim_at)
 
 
-def one_line(exc: BaseException) -> str:
-    """An error in one line, without SQLAlchemy's statement and parameters (a
-    batch's parameters can be megabytes, and are the request's data)."""
-    orig = getattr(exc, "orig", None)
-    return f"{type(orig if orig is not None else exc).__name__}: {first_line(exc)}"[:500]
+def delay(batch: WriteBatch, m: Moment) -> float:
+    """How long a write that is not urgent lingers: :func:`linger`'s time, paced when
+    a buffered request waits for its token's time or none is buffered, but no later
+    than a claim due before then (a hair after it, so that the claim's timer runs
+    first and the claim carries the write)."""
+    seconds = linger(streaming(batch, m), not m.has_work or m.paced(), m.write_linger)
+    claim_at = m.next_claim_at
+    if not m.has_work:
+        claim_at = min(claim_at, m.claim_after())
+    claim_in = claim_at - m.now
+    if 0 < claim_in < seconds:
+        return claim_in + AFTER_CLAIM
+    return seconds
 
 
 def writes_now(batch: WriteBatch, *, max_transitions: int) -> bool:

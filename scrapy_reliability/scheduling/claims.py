@@ -24,7 +24,6 @@ from scrapy_reliability.frontier import Claimed, ClaimResult, ClaimSpec
 from scrapy_reliability.frontier.politeness import PACE_AHEAD
 from scrapy_reliability.frontier.recrawl import DUE, PARSE
 from scrapy_reliability.scheduling import engine, frontier_calls
-from scrapy_reliability.scheduling.batches import WRITE_RETRY_SECONDS
 from scrapy_reliability.scheduling.crawl_context import Context
 from scrapy_reliability.scheduling.leases import Lease, LeaseBook, Stage
 from scrapy_reliability.scheduling.meta import (
@@ -33,6 +32,7 @@ from scrapy_reliability.scheduling.meta import (
     RECRAWL_META,
     REQUEST_ID_META,
 )
+from scrapy_reliability.scheduling.splits import WRITE_RETRY_SECONDS
 from scrapy_reliability.scheduling.storage import StorageHealth
 from scrapy_reliability.scheduling.writes import WritePipeline
 from scrapy_reliability.serialization import CorruptPayload, MissingCallback, payload_to_request

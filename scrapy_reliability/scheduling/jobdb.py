@@ -35,7 +35,7 @@ from scrapy_reliability.frontier.dialect import redact, scrub
 from scrapy_reliability.frontier.feeds import FeedPosition
 from scrapy_reliability.frontier.learned import LearnedRules
 from scrapy_reliability.frontier.store import SQLAlchemyError
-from scrapy_reliability.scheduling.batches import one_line, units
+from scrapy_reliability.scheduling.splits import one_line, units
 from scrapy_reliability.scheduling.stock_jobdir import Adoption, StockJobdir
 
 logger = logging.getLogger("scrapy_reliability.scheduler")

@@ -11,8 +11,8 @@ from scrapy_reliability.frontier import StorageLost
 from scrapy_reliability.frontier.dialect import is_lock_timeout, redact, scrub
 from scrapy_reliability.frontier.store import is_storage_failure
 from scrapy_reliability.scheduling import engine
-from scrapy_reliability.scheduling.batches import SYSTEMATIC_FAILURES, WRITE_RETRY_SECONDS, one_line
 from scrapy_reliability.scheduling.crawl_context import Context
+from scrapy_reliability.scheduling.splits import SYSTEMATIC_FAILURES, WRITE_RETRY_SECONDS, one_line
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
 

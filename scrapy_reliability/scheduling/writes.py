@@ -10,7 +10,6 @@ before anything newer, so a parent's ack never overtakes its children.
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -29,20 +28,12 @@ from scrapy_reliability.frontier import (
     WriteResult,
 )
 from scrapy_reliability.frontier.store import is_storage_failure
-from scrapy_reliability.scheduling import frontier_calls, refusals, settled
-from scrapy_reliability.scheduling.batches import (
-    MAX_BUFFERED,
-    claim_inputs,
-    halves,
-    heavy,
-    linger,
-    streams,
-    units,
-    writes_now,
-)
+from scrapy_reliability.scheduling import batches, frontier_calls, refusals, settled
+from scrapy_reliability.scheduling.batches import MAX_BUFFERED, claim_inputs, heavy
 from scrapy_reliability.scheduling.crawl_context import Context
 from scrapy_reliability.scheduling.leases import LeaseBook
 from scrapy_reliability.scheduling.local_politeness import report_adapted
+from scrapy_reliability.scheduling.splits import halves, units
 from scrapy_reliability.scheduling.storage import StorageHealth
 from scrapy_reliability.scheduling.written import WrittenRequests
 
@@ -50,10 +41,6 @@ if TYPE_CHECKING:
     from scrapy_reliability.dupefilter import DupeFilter
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
-
-#: A lingering write waits this long past the claim due before its linger ends: the
-#: claim's timer runs first and the claim carries the write.
-_AFTER_CLAIM = 0.01
 
 
 class Claims(Protocol):
@@ -117,10 +104,10 @@ class WritePipeline:
         # refuses is looked for.
         self.split: deque[tuple[WriteBatch, dict[str, Request]]] = deque()
         self._retry_call: Any = None
-        # The scheduled write: soon, or after the linger (see urgent()).
+        # The scheduled write: soon, or after the linger (``batches.urgent``).
         self._call: Any = None
         self._lingering = False
-        self._streamed = False  # the scheduled write is a brief ``batches.streams`` linger
+        self._streamed = False  # the scheduled write is a brief ``batches.streaming`` linger
         #: Transitions buffered that make a write urgent (the engine's in-flight
         #: bound counts the leases they end); set by the Scheduler.
         self.urgent_transitions = 8
@@ -148,40 +135,31 @@ class WritePipeline:
         self.batch.transitions.append(tr)
         self.schedule()
 
-    def urgent(self) -> bool:
-        """Whether the buffered changes should be written now rather than linger
-        (``batches.linger``) for more to join them or for a claim to carry them:
-        when the worker holds no claimed request to start and these changes may
-        make one due now (see :meth:`_waited_for`), with
-        ``RELIABILITY_WRITE_LINGER`` 0, for the parts of a failed write, and as
-        ``writes_now`` says."""
-        if self.streaming():
-            return False
-        return (
-            self.ctx.config.write_linger <= 0
-            or bool(self.split)
-            or writes_now(self.batch, max_transitions=self.urgent_transitions)
-            or (not self.claims.ready and self._waited_for())
+    def _moment(self) -> batches.Moment:
+        """What the linger rules (``batches``) read of this worker now."""
+        claims = self.claims
+        return batches.Moment(
+            now=self.ctx.clock.seconds(),
+            write_linger=self.ctx.config.write_linger,
+            split=bool(self.split),
+            has_work=bool(claims.ready),
+            next_claim_at=claims.next_claim_at(),
+            paced=claims.holds_for_later,
+            claim_after=self._claim_after,
+            max_transitions=self.urgent_transitions,
         )
+
+    def urgent(self) -> bool:
+        """Whether the buffered changes should be written now (``batches.urgent``)."""
+        return batches.urgent(self.batch, self._moment())
+
+    def streaming(self) -> bool:
+        """New requests only wait for more (``batches.streaming``), linger on."""
+        return batches.streaming(self.batch, self._moment())
 
     def _claim_after(self) -> float:
         """When landing the buffered changes makes a claim worth its transaction."""
         return self.claims.claim_after(*claim_inputs(self.batch, self._lease_domain))
-
-    def _waited_for(self) -> bool:
-        """Whether the engine, holding no claimed request, may wait for these very
-        changes (rows a claim could take now) or, with no claim coming, for the end
-        of the crawl. Not when the last claim said none of their domains may start
-        before a later time: they ride with that claim, one transaction, not two."""
-        after = self._claim_after()
-        if after <= self.ctx.clock.seconds() + _AFTER_CLAIM:
-            return True
-        return math.isinf(after) and math.isinf(self.claims.next_claim_at())
-
-    def streaming(self) -> bool:
-        """New requests only wait for more (``batches.streams``), linger on."""
-        linger = self.ctx.config.write_linger > 0 and not self.split
-        return linger and streams(self.batch, has_work=bool(self.claims.ready))
 
     def _backpressure(self) -> None:
         """A callback yields requests faster than they are written: wait for the
@@ -205,27 +183,15 @@ class WritePipeline:
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._scheduled = True
-        self._lingering = not self.urgent()
-        self._streamed = self._lingering and self.streaming()
-        delay = 0.0
-        if self._lingering:
-            # Paced: a buffered request waits for its token's time, or none does
-            # and these changes cannot start one before a later claim.
-            paced = self.claims.holds_for_later() or not self.claims.ready
-            delay = linger(self.streaming(), paced, self.ctx.config.write_linger)
-            # A claim due before the linger ends carries the batch: wait for it
-            # (a hair longer, so that its timer runs first).
-            claim_at = self.claims.next_claim_at()
-            if not self.claims.ready:
-                claim_at = min(claim_at, self._claim_after())
-            claim_in = claim_at - self.ctx.clock.seconds()
-            if 0 < claim_in < delay:
-                delay = claim_in + _AFTER_CLAIM
+        moment = self._moment()
+        self._lingering = not batches.urgent(self.batch, moment)
+        self._streamed = self._lingering and batches.streaming(self.batch, moment)
+        delay = batches.delay(self.batch, moment) if self._lingering else 0.0
         self._call = self.ctx.clock.callLater(delay, self.write)
 
     def _rescheduled(self) -> bool:
         """Whether what joined a lingering write changes its time: it turned urgent,
-        or an ack joined new requests lingering briefly (``batches.streams``)."""
+        or an ack joined new requests lingering briefly (``batches.streaming``)."""
         return self.urgent() or (self._streamed and not self.streaming())
 
     # -- writing ------------------------------------------------------------------------------

@@ -40,15 +40,10 @@ from scrapy_reliability.frontier import Frontier, Job, NewRequest
 from scrapy_reliability.retry import RetryPolicy
 from scrapy_reliability.scheduling import engine, scrapy_hooks
 from scrapy_reliability.scheduling.claims import ClaimBuffer
-from scrapy_reliability.scheduling.crawl_context import Clock, Context
-from scrapy_reliability.scheduling.leases import LeaseBook, Stage
-from scrapy_reliability.scheduling.local_politeness import LocalPoliteness
+from scrapy_reliability.scheduling.core import build
+from scrapy_reliability.scheduling.crawl_context import Clock
+from scrapy_reliability.scheduling.leases import Stage
 from scrapy_reliability.scheduling.meta import REQUEST_ID_META
-from scrapy_reliability.scheduling.order import ClaimOrder
-from scrapy_reliability.scheduling.outcomes import Outcomes
-from scrapy_reliability.scheduling.session import Session
-from scrapy_reliability.scheduling.storage import StorageHealth
-from scrapy_reliability.scheduling.writes import WritePipeline
 from scrapy_reliability.serialization import (
     UnserializableRequest,
     check_storable_fields,
@@ -91,48 +86,30 @@ class Scheduler(BaseScheduler):
         self.claim_batch = max(1, min(config.claim_batch, self.max_in_flight))
         # A test may drive the core with a deterministic clock and a synchronous
         # database (tests/protocol.py); Scrapy never passes them.
-        self._ctx = ctx = Context(crawler, config, stats, clock=clock, db=db)
-        self._leases = LeaseBook()
-        self._politeness = LocalPoliteness(crawler.settings, stats)
+        core = build(
+            crawler,
+            config,
+            dupefilter,
+            stats,
+            self.policy,
+            max_in_flight=self.max_in_flight,
+            claim_batch=self.claim_batch,
+            clock=clock,
+            db=db,
+        )
+        self._core = core
+        self._ctx = core.ctx
+        self._leases = core.leases
+        self._politeness = core.politeness
+        self._storage = core.storage
+        self._writes = core.writes
+        self._order = core.order
+        self._outcomes = core.outcomes
+        self._claims = core.claims
+        self._session = core.session
         if self._politeness.obey_robots:
             crawler.signals.connect(self._robots_fetched, signal=signals.response_received)
-        # The claim buffer, built below, waits out storage failures too.
-        self._storage = StorageHealth(
-            ctx,
-            wait_until=lambda when: self._claims.wait_until(when),  # noqa: PLW0108
-        )
-        self._writes = WritePipeline(
-            ctx,
-            self._leases,
-            self._storage,
-            dupefilter,
-            lambda: self._claims.wake_engine(),  # noqa: PLW0108 (built below)
-        )
-        # Where each request waits among the pending ones of its priority.
-        self._order = ClaimOrder(config.order, ctx.clock)
-        self._outcomes = Outcomes(
-            ctx, self._leases, self._writes, self._politeness, self.policy, order=self._order
-        )
-        self._claims = ClaimBuffer(
-            ctx,
-            self._leases,
-            self._writes,
-            self._storage,
-            claim_batch=self.claim_batch,
-            hand_back_or_bury=self._outcomes.hand_back_or_bury,
-            bury_unbuildable=self._outcomes.bury_unbuildable,
-        )
-        self._writes.claims = self._claims
-        self._writes.urgent_transitions = max(1, self.max_in_flight // 2)
         crawler.signals.connect(self._outcomes.record_item_failure, signal=signals.item_error)
-        self._session = Session(
-            ctx,
-            dupefilter,
-            storage=self._storage,
-            writes=self._writes,
-            claims=self._claims,
-            outcomes=self._outcomes,
-        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -270,7 +247,7 @@ class Scheduler(BaseScheduler):
         starts; its callback wakes the engine). Never waits for the database."""
         claims = self._claims
         request = self._next_request(claims)
-        claims.starved = request is None
+        claims.answered(request)
         return request
 
     def _next_request(self, claims: ClaimBuffer) -> Request | None:
@@ -286,7 +263,7 @@ class Scheduler(BaseScheduler):
         ):
             return None
         if self._politeness.paused or self._politeness.relimited:
-            claims.ready = self._outcomes.return_paused(claims.ready)
+            claims.replace_ready(self._outcomes.return_paused(claims.ready))
         slots, per_domain = engine.download_slots(self.crawler)
         now = self._ctx.clock.seconds()
         request = self._politeness.pick(claims.ready, self._leases, slots, per_domain, now)
@@ -309,8 +286,7 @@ class Scheduler(BaseScheduler):
         update = self._politeness.robots_fetched(response, request)
         if update is None:
             return
-        self._writes.batch.domain_updates.append(update)
-        self._writes.schedule()
+        self._writes.domain_update(update)
         self._claims.wake_engine()
 
     def __len__(self) -> int:

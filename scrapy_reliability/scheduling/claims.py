@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 from scrapy.utils.httpobj import urlparse_cached
@@ -33,9 +33,12 @@ from scrapy_reliability.scheduling.meta import (
     REQUEST_ID_META,
 )
 from scrapy_reliability.scheduling.splits import WRITE_RETRY_SECONDS
-from scrapy_reliability.scheduling.storage import StorageHealth
-from scrapy_reliability.scheduling.writes import WritePipeline
 from scrapy_reliability.serialization import CorruptPayload, MissingCallback, payload_to_request
+
+if TYPE_CHECKING:
+    from scrapy_reliability.scheduling.outcomes import Outcomes
+    from scrapy_reliability.scheduling.storage import StorageHealth
+    from scrapy_reliability.scheduling.writes import WritePipeline
 
 logger = logging.getLogger("scrapy_reliability.scheduler")
 
@@ -51,31 +54,25 @@ REFILL_AHEAD = PACE_AHEAD / 2
 
 
 class ClaimBuffer:
-    def __init__(
-        self,
-        ctx: Context,
-        leases: LeaseBook,
-        writes: WritePipeline,
-        storage: StorageHealth,
-        *,
-        claim_batch: int,
-        hand_back_or_bury: Callable[[Lease, MissingCallback], bool],
-        bury_unbuildable: Callable[[Lease, Exception], None],
-    ) -> None:
+    """The rows this worker leased, as requests waiting for the engine, and when to
+    claim more. The only writer of its state: the other parts call its methods."""
+
+    def __init__(self, ctx: Context, leases: LeaseBook, *, claim_batch: int) -> None:
         self.ctx = ctx
         self.leases = leases
-        self.writes = writes
-        self.storage = storage
         self.claim_batch = claim_batch
-        # A row whose callback this spider lacks; a row that cannot be rebuilt.
-        self._hand_back_or_bury = hand_back_or_bury
-        self._bury_unbuildable = bury_unbuildable
+        # The parts a claim needs that need the claim buffer (see ``connect``).
+        self.writes: WritePipeline
+        self.storage: StorageHealth
+        self.outcomes: Outcomes
         self.ready: deque[Request] = deque()
         #: The engine's last next_request() got None: it waits for a wake-up.
         self.starved = True
         #: Called when a claim finds nothing while other workers hold leases.
         self.starving: Callable[[], None] = lambda: None
+        #: The claim in flight: on its own, or riding on the write in flight.
         self.in_flight: Future[Any] | None = None
+        #: A claim asked for while a write was in flight: it rides on the next write.
         self.wanted = False
         self._poll_delay = _FIRST_POLL_SECONDS
         # Nothing is due before this time unless something changed (a write landed).
@@ -96,6 +93,12 @@ class ClaimBuffer:
         #: The job has limits an operator set (``scrapy frontier limit``): claims read
         #: its domains' rows even when the settings limit nothing.
         self.steered_limits = False
+
+    def connect(self, writes: WritePipeline, storage: StorageHealth, outcomes: Outcomes) -> None:
+        """The parts built after this buffer (they need it): a claim rides on the
+        pipeline's writes, waits out storage failures, and hands back or buries a row
+        this spider cannot run. Called once, by ``scheduling.core.build``."""
+        self.writes, self.storage, self.outcomes = writes, storage, outcomes
 
     def pending(self) -> bool:
         """Rows buffered, a claim in flight, or rows that may be due."""
@@ -274,9 +277,9 @@ class ClaimBuffer:
             if isinstance(retry_times, bool) or not isinstance(retry_times, int):
                 raise CorruptPayload(f"meta['retry_times'] is not a whole number: {retry_times!r}")
         except MissingCallback as exc:
-            return self._hand_back_or_bury(lease, exc)
+            return self.outcomes.hand_back_or_bury(lease, exc)
         except Exception as exc:  # a stored row that cannot be rebuilt costs that row only
-            self._bury_unbuildable(lease, exc)
+            self.outcomes.bury_unbuildable(lease, exc)
             return False
         request.meta[REQUEST_ID_META] = row.id
         request.meta[ATTEMPTS_META] = row.attempts
@@ -310,6 +313,46 @@ class ClaimBuffer:
         ordered = sorted(self.ready, key=place)
         self.ready.clear()
         self.ready.extend(ordered)
+
+    # -- a claim rides on a write; what others tell the buffer ---------------------------------
+
+    def ride(self, asked: bool, calls_for: Callable[[], bool]) -> ClaimSpec | None:
+        """A write starts: the claim that rides on it (one transaction, one commit),
+        one ``asked`` for now or while the write before was in flight, or one its
+        changes ``calls_for`` as they land; None while a claim is in flight."""
+        wanted, self.wanted = self.wanted or asked, False
+        if self.in_flight is not None or not (wanted or calls_for()):
+            return None
+        return self.spec()
+
+    def ride_later(self, asked: bool = True) -> None:
+        """The claim ``asked`` for rides on the next write (this one carries none: a
+        part of a failed write, or the write it rode on failed)."""
+        self.wanted = self.wanted or asked
+
+    def riding(self, write: Future[Any]) -> None:
+        """The claim rides on ``write``, now in flight."""
+        self.in_flight = write
+
+    def write_landed(self, write: Future[Any]) -> bool:
+        """``write`` landed: whether the claim rode on it (then none is in flight)."""
+        if write is not self.in_flight:
+            return False
+        self.in_flight = None
+        return True
+
+    def answered(self, request: Request | None) -> None:
+        """The engine's next_request() got ``request``: None, and it waits for a wake-up."""
+        self.starved = request is None
+
+    def replace_ready(self, ready: deque[Request]) -> None:
+        self.ready = ready  # what was buffered, less requests given back
+
+    def on_starving(self, call: Callable[[], None]) -> None:
+        self.starving = call  # a claim found nothing while others hold leases
+
+    def steer(self, limits: bool) -> None:
+        self.steered_limits = limits  # the job has limits an operator set, or not
 
     # -- when to look again -------------------------------------------------------------------
 

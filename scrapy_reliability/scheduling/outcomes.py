@@ -188,8 +188,7 @@ class Outcomes:
             fetched = Fetched(lease.request_id, content_hash, rules.namespace, interval)
         self._settle(lease, Outcome.DONE, fetched=fetched)
         crash_point("ack_buffered")
-        successes = self.writes.batch.successes
-        successes[lease.domain] = successes.get(lease.domain, 0) + 1
+        self.writes.succeeded(lease.domain)
 
     def ignore(self, lease: Lease, error: str | None = None) -> None:
         """Dropped on purpose (IgnoreRequest), or by a middleware without a response."""
@@ -347,7 +346,7 @@ class Outcomes:
             stored = json.dumps(ItemAdapter(item).asdict(), default=repr)
         except (TypeError, ValueError):
             stored = json.dumps({"repr": repr(item)[:4000]})
-        self.writes.batch.dead_items.append(
+        self.writes.dead_item(
             DeadItem(
                 request_id=lease.request_id if lease else None,
                 url=url,
@@ -455,8 +454,9 @@ class Outcomes:
             # A pause read from the job may end early (`scrapy frontier resume`): its
             # domain's row holds the rows back, not a not_before of their own.
             until = 0.0 if lease.domain in self.politeness.steered else paused_until
-            self.writes.batch.transitions.append(
-                Transition(lease.request_id, lease.token, Outcome.RELEASE, not_before=until)
+            self.writes.transition(
+                Transition(lease.request_id, lease.token, Outcome.RELEASE, not_before=until),
+                schedule=False,
             )
             self.ctx.stats.inc_value("reliability/domain/held")
         if len(keep) == len(ready):

@@ -61,7 +61,7 @@ class Session:
         # not open one): nothing is scheduled.
         self.job_finished = False
         self.heartbeat = Heartbeat(ctx, storage, claims, outcomes)
-        claims.starving = self.heartbeat.look_for_dead
+        claims.on_starving(self.heartbeat.look_for_dead)
         self.waiting = Waiting(ctx, claims, self.heartbeat)
         self._watchdog: Watchdog | None = None
         self._unhook: Callable[[], None] | None = None
@@ -243,7 +243,7 @@ class Session:
         )
         if held is not None:
             logger.info("%s", held, extra=ctx.log())
-        self.claims.steered_limits = bool(job.set_limits)
+        self.claims.steer(bool(job.set_limits))
         if ctx.config.recrawl.on:
             stats.set_value("reliability/recrawl/due", job.recrawl_due + job.recrawl_parse)
         self._warn_of_other_versions(opened.peers)

@@ -109,7 +109,7 @@ class Steering:
         changed = [limit for d, limit in now.items() if self._limits.get(d) != limit]
         removed = sorted(set(self._limits) - set(now))
         self._limits = now
-        self.claims.steered_limits = bool(now)
+        self.claims.steer(bool(now))
         if not changed and not removed:
             return
         if not quiet:  # the start line named the limits a worker starts with

@@ -21,6 +21,8 @@ from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import (
     ClaimResult,
     ClaimSpec,
+    DeadItem,
+    DomainUpdate,
     NewRequest,
     Outcome,
     Transition,
@@ -46,16 +48,22 @@ logger = logging.getLogger("scrapy_reliability.scheduler")
 class Claims(Protocol):
     """What the pipeline needs of the claim buffer: a claim rides on a write."""
 
-    #: The claim in flight: on its own, or carried by the write in flight.
-    in_flight: Future[Any] | None
     #: A claim asked for while a write was in flight: it rides on the next write.
     wanted: bool
     #: Claimed requests not yet handed to the engine.
     ready: deque[Request]
 
-    def spec(self) -> ClaimSpec: ...
+    def ride(self, asked: bool, calls_for: Callable[[], bool]) -> ClaimSpec | None: ...
+
+    def ride_later(self, asked: bool = True) -> None: ...
+
+    def riding(self, write: Future[Any]) -> None: ...
+
+    def write_landed(self, write: Future[Any]) -> bool: ...
 
     def claim(self) -> None: ...
+
+    def wake_engine(self) -> None: ...
 
     def take(self, result: ClaimResult) -> None: ...
 
@@ -81,14 +89,15 @@ class WritePipeline:
         leases: LeaseBook,
         storage: StorageHealth,
         dupefilter: DupeFilter,
-        wake_engine: Callable[[], None],
+        claims: Claims,
+        *,
+        urgent_transitions: int = 8,
     ) -> None:
         self.ctx = ctx
         self.leases = leases
         self.storage = storage
         self.dupefilter = dupefilter
-        self._wake_engine = wake_engine
-        self.claims: Claims  # attached by the Scheduler (the claim buffer needs this)
+        self.claims = claims
         self.batch = WriteBatch()
         # The requests of the batch's inserts, by key (to log duplicates, refusals).
         self.requests: dict[str, Request] = {}
@@ -109,8 +118,8 @@ class WritePipeline:
         self._lingering = False
         self._streamed = False  # the scheduled write is a brief ``batches.streaming`` linger
         #: Transitions buffered that make a write urgent (the engine's in-flight
-        #: bound counts the leases they end); set by the Scheduler.
-        self.urgent_transitions = 8
+        #: bound counts the leases they end).
+        self.urgent_transitions = urgent_transitions
 
     def pending(self) -> bool:
         """Anything buffered, split or being written."""
@@ -131,8 +140,23 @@ class WritePipeline:
         else:
             self.schedule()
 
-    def transition(self, tr: Transition) -> None:
+    def transition(self, tr: Transition, *, schedule: bool = True) -> None:
+        """Buffer an outcome (``schedule`` False: the caller schedules after more)."""
         self.batch.transitions.append(tr)
+        if schedule:
+            self.schedule()
+
+    def succeeded(self, domain: str) -> None:
+        """A page of ``domain`` succeeded (its adaptive rate learns it)."""
+        self.batch.successes[domain] = self.batch.successes.get(domain, 0) + 1
+
+    def dead_item(self, item: DeadItem) -> None:
+        """Buffer an item the pipelines failed, for the dead-letter table."""
+        self.batch.dead_items.append(item)
+
+    def domain_update(self, update: DomainUpdate) -> None:
+        """Buffer a change of a domain's row (robots.txt's crawl delay)."""
+        self.batch.domain_updates.append(update)
         self.schedule()
 
     def _moment(self) -> batches.Moment:
@@ -213,18 +237,16 @@ class WritePipeline:
                 self._retry_call = self.ctx.clock.callLater(wait, self.schedule)
             return
         claims = self.claims
+        spec: ClaimSpec | None = None
         if self.split:
             # Parts of a failed write go first, on their own: no claim rides on them.
-            claims.wanted = claims.wanted or claim
-            claim = False
+            claims.ride_later(claim)
             batch, requests = self.split.popleft()
         else:
             # A claim wanted now rides on this write (one transaction, one commit), as
             # does the claim its changes would call for when it lands.
-            claim = (
-                claim or claims.wanted or self._calls_for_claim(self.batch)
-            ) and claims.in_flight is None
-            claims.wanted = False
+            pending = self.batch
+            spec = claims.ride(claim, lambda: self._calls_for_claim(pending))
             batch, self.batch = self.batch, WriteBatch()
             ctx.feed_output.settle(batch)  # items in the feeds before their pages' acks
             batch.clear_dead_letters = ctx.retry_pass is not None
@@ -245,12 +267,12 @@ class WritePipeline:
             on_done,
             ctx.job.id,
             batch,
-            claims.spec() if claim else None,
+            spec,
             inline=ctx.inline and not heavy(batch),
         )
         self._handlers[self.in_flight] = handle
-        if claim:
-            claims.in_flight = self.in_flight
+        if spec is not None:
+            claims.riding(self.in_flight)
 
     def _calls_for_claim(self, batch: WriteBatch) -> bool:
         """Whether landing ``batch`` would make the worker claim at once."""
@@ -269,14 +291,12 @@ class WritePipeline:
             return  # already handled (backpressure waited for it)
         self.in_flight = None
         claims = self.claims
-        carried = future is claims.in_flight
-        if carried:
-            claims.in_flight = None
+        carried = claims.write_landed(future)
         exc = future.exception()
         if exc is not None:
             self._failed(exc, batch, requests)
             if carried:
-                claims.wanted = True  # again with the next write (counted once)
+                claims.ride_later()  # again with the next write (counted once)
             return
         result = future.result()
         self.storage.ok()
@@ -296,7 +316,7 @@ class WritePipeline:
                 self.schedule()
         elif claims.wanted:
             claims.claim()
-        self._wake_engine()
+        claims.wake_engine()
 
     def _account(
         self, result: WriteResult, batch: WriteBatch, requests: dict[str, Request]

@@ -1,17 +1,12 @@
-"""Scrapy's feed exports, as the frontier needs them (the one module that touches the
-internals of Scrapy's FeedExporter, its slots and its exporters).
-
-The frontier acks a request only after its items reached the feed file: these helpers
-flush the open feeds before every ack batch, and repair a line-based feed whose last
-line a kill -9 cut in half. For the local feeds that can be resumed exactly
-(:func:`exact_feeds`), :func:`resume_slot` continues a file cut back to its last
-committed position as if the run had never stopped: a JSON array or an XML document
-is not opened twice, a CSV file gets no second header.
+"""Scrapy's feed exports, as the frontier needs them: which local feeds can be written
+exactly once (:func:`exact_feeds`), and a line-based feed whose last line a kill -9 cut
+in half repaired. What touches the internals of Scrapy's FeedExporter, its slots and
+its exporters (flushing them before every ack batch, continuing a file cut back to its
+last committed position) is in ``scheduling/engine.py``, the one module that may.
 """
 
 from __future__ import annotations
 
-import csv
 import logging
 import os
 from dataclasses import dataclass
@@ -19,31 +14,9 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlparse
 
-from scrapy.crawler import Crawler
-
 logger = logging.getLogger(__name__)
 
 LINE_FORMATS = frozenset({"jsonlines", "jl", "jsonl", "csv"})
-
-
-def feed_exporters(crawler: Crawler) -> list[Any]:
-    from scrapy.extensions.feedexport import FeedExporter
-
-    extensions = getattr(crawler, "extensions", None)
-    middlewares = getattr(extensions, "middlewares", ()) if extensions else ()
-    return [ext for ext in middlewares if isinstance(ext, FeedExporter)]
-
-
-def flush_feeds(exporters: list[Any]) -> None:
-    """Push buffered feed output to the operating system (enough for kill -9)."""
-    for exporter in exporters:
-        for slot in getattr(exporter, "slots", ()):
-            stream = getattr(getattr(slot, "exporter", None), "stream", None)
-            if stream is not None and hasattr(stream, "flush"):
-                stream.flush()
-            file = getattr(slot, "file", None)
-            if file is not None and hasattr(file, "flush") and not file.closed:
-                file.flush()
 
 
 def repair_line_feeds(feeds: dict[str, Any]) -> list[Path]:
@@ -157,57 +130,3 @@ def _why_not_exact(exporter: Any, uri: str, options: dict[str, Any]) -> str:
     if options.get("postprocessing"):
         return "it is post-processed (postprocessing)"
     return ""
-
-
-def exact_slot(feed: ExactFeed) -> Any | None:
-    """The exporter's slot writing ``feed`` (once the spider is open)."""
-    for slot in getattr(feed.exporter, "slots", ()):
-        if getattr(slot, "uri_template", None) == feed.uri:
-            return slot
-    return None
-
-
-def slot_position(slot: Any) -> tuple[int, int] | None:
-    """(bytes on disk, items written) of a slot whose file is open; None before its
-    first item. Call after :func:`flush_feeds`."""
-    file = getattr(slot, "file", None)
-    if file is None or not getattr(slot, "_fileloaded", False) or file.closed:
-        return None
-    return os.fstat(file.fileno()).st_size, int(slot.itemcount)
-
-
-def resume_slot(slot: Any, items: int) -> None:
-    """Continue ``slot``'s file, cut back to a position after ``items`` items of this
-    run: open it for appending with its exporter marked as already started, so the
-    next item follows the last one as in an uninterrupted run."""
-    slot.file = slot.storage.open(slot.spider)
-    options = slot.feed_options
-    # (file, format) by position: Scrapy 2.13 names the second ``format``, 2.19 ``format_``.
-    slot.exporter = slot._get_exporter(
-        slot.file,
-        options["format"],
-        fields_to_export=options["fields"],
-        encoding=options["encoding"],
-        indent=options["indent"],
-        **options["item_export_kwargs"],
-    )
-    slot._fileloaded = True
-    slot._exporting = True
-    slot.itemcount = items
-    exporter = slot.exporter
-    if hasattr(exporter, "first_item"):  # JsonItemExporter: "," before the next item
-        exporter.first_item = False
-    if hasattr(exporter, "_headers_not_written") and exporter.include_headers_line:
-        # CsvItemExporter: the header is in the file; without FEED_EXPORT_FIELDS its
-        # columns came from the first item, and the next rows follow them.
-        exporter._headers_not_written = False
-        if exporter.fields_to_export is None:
-            exporter.fields_to_export = _csv_header(Path(slot.storage.path), exporter)
-            exporter._autodetected_fields = True
-
-
-def _csv_header(path: Path, exporter: Any) -> list[str]:
-    with path.open("rb") as fh:
-        first = fh.readline().decode(exporter.encoding or "utf-8")
-    rows = list(csv.reader([first], dialect=exporter.csv_writer.dialect))
-    return list(rows[0]) if rows else []

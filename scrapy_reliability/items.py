@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scrapy_reliability.scheduling.engine import write_to_slots
+
 
 @dataclass(eq=False)
 class DeadLetter(Mapping[str, Any]):
@@ -86,21 +88,9 @@ def export_to_dead_letter_feeds(
     writes through its own ``item_scraped`` (so batching and the feed's options
     hold) with its other feeds set aside for the call.
     """
-    written = 0
-    for exporter in feed_exporters:
-        slots = list(getattr(exporter, "slots", ()))
-        named = [s for s in slots if _names_dead_letters(s)]
-        if not named:
-            continue
-        others = [s for s in slots if not _names_dead_letters(s)]
-        exporter.slots = named
-        try:
-            exporter.item_scraped(item, spider)
-        finally:
-            # item_scraped may have replaced a full batch's slot with a new one.
-            exporter.slots = others + list(exporter.slots)
-        written += len(named)
-    return written
+    return sum(
+        write_to_slots(exporter, _names_dead_letters, item, spider) for exporter in feed_exporters
+    )
 
 
 def _names_dead_letters(slot: Any) -> bool:

@@ -118,3 +118,62 @@ def test_the_check_finds_a_write_from_outside(tmp_path: Path) -> None:
     writes = _writes_outside([probe], WRITES_NAMES, {"batch"})
     assert [f.split(":")[1] for f in claims] == ["2", "3"]
     assert [f.split(":")[1] for f in writes] == ["4"]
+
+
+#: Private names read outside ``scheduling/engine.py`` that are no Scrapy internal.
+NOT_SCRAPY = {
+    ("_executor.py", "_handle"): "the database thread's own call objects",
+    ("_executor.py", "_run"): "the database thread's own call objects",
+    ("job_copy.py", "_mapping"): "SQLAlchemy's Row._mapping, its documented API",
+    ("text_encodings.py", "_is_text_encoding"): "the standard library's codecs registry",
+    ("scrapy_hooks.py", "_Slot"): "the check, before a crawl, that engine.py's internals exist",
+}
+
+
+def _private_uses(path: Path) -> list[tuple[int, str]]:
+    """``(line, name)`` of each private attribute ``path`` reads or writes on an object
+    other than ``self``, ``cls``, ``super()`` or a module of this package, directly or
+    through ``getattr``/``setattr``/``hasattr``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    own = {"self", "cls"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scrapy_reliab"):
+            own |= {alias.asname or alias.name for alias in node.names}
+    found = []
+    for node in ast.walk(tree):
+        base: ast.expr | None = None
+        name = ""
+        if isinstance(node, ast.Attribute):
+            base, name = node.value, node.attr
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in {"getattr", "setattr", "hasattr"}
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            base, name = node.args[0], node.args[1].value
+        if base is None or not name.startswith("_") or name.startswith("__"):
+            continue
+        if isinstance(base, ast.Name) and base.id in own:
+            continue
+        if isinstance(base, ast.Call) and ast.unparse(base.func) == "super":
+            continue
+        if name.startswith("_reliability"):
+            continue  # this package's own marks on a crawler or a handler
+        found.append((node.lineno, name))
+    return found
+
+
+def test_scrapys_internals_are_touched_only_in_engine_py() -> None:
+    engine = PACKAGE / "scheduling" / "engine.py"
+    used = {
+        f"{path.relative_to(PACKAGE)}:{line}: {name}"
+        for path in _others(engine)
+        for line, name in _private_uses(path)
+        if (path.name, name) not in NOT_SCRAPY
+    }
+    assert sorted(used) == []
+    # engine.py itself does touch them (the check would pass on an empty package).
+    assert {name for _, name in _private_uses(engine)} >= {"_get_exporter", "_fileloaded"}

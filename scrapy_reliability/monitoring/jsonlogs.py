@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.log import get_scrapy_root_handler
 
+from scrapy_reliability.scheduling.engine import after_root_handler_update
+
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
@@ -54,15 +56,7 @@ def install_json_logs(crawler: Crawler | None = None) -> JsonFormatter | None:
     installs again once add-ons have changed the settings.
     """
     if crawler is not None:
-        reinstall = getattr(crawler, "_update_root_log_handler", None)
-        if callable(reinstall) and not getattr(reinstall, "_reliability_json", False):
-
-            def update_root_log_handler() -> None:
-                reinstall()
-                install_json_logs()
-
-            update_root_log_handler._reliability_json = True  # type: ignore[attr-defined]
-            crawler._update_root_log_handler = update_root_log_handler  # type: ignore[method-assign]
+        after_root_handler_update(crawler, install_json_logs)
     handler = get_scrapy_root_handler()
     if handler is None:
         return None

@@ -8,9 +8,12 @@ the installed Scrapy has every one of them: keep the two in step.
 
 from __future__ import annotations
 
+import csv
 import logging
+import os
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
@@ -173,3 +176,138 @@ class _ClosedLine(logging.Filter):
 
     def remove(self, **_kwargs: Any) -> None:
         logging.getLogger(_ENGINE_LOGGER).removeFilter(self)
+
+
+# -- feed exports: Scrapy's FeedExporter, its slots and its exporters ---------------------
+
+
+def feed_exporters(crawler: Crawler) -> list[Any]:
+    from scrapy.extensions.feedexport import FeedExporter
+
+    extensions = getattr(crawler, "extensions", None)
+    middlewares = getattr(extensions, "middlewares", ()) if extensions else ()
+    return [ext for ext in middlewares if isinstance(ext, FeedExporter)]
+
+
+def flush_feeds(exporters: list[Any]) -> None:
+    """Push buffered feed output to the operating system (enough for kill -9)."""
+    for exporter in exporters:
+        for slot in getattr(exporter, "slots", ()):
+            stream = getattr(getattr(slot, "exporter", None), "stream", None)
+            if stream is not None and hasattr(stream, "flush"):
+                stream.flush()
+            file = getattr(slot, "file", None)
+            if file is not None and hasattr(file, "flush") and not file.closed:
+                file.flush()
+
+
+def exact_slot(exporter: Any, uri: str) -> Any | None:
+    """The slot of ``exporter`` writing the feed ``uri`` (once the spider is open)."""
+    for slot in getattr(exporter, "slots", ()):
+        if getattr(slot, "uri_template", None) == uri:
+            return slot
+    return None
+
+
+def slot_position(slot: Any) -> tuple[int, int] | None:
+    """(bytes on disk, items written) of a slot whose file is open; None before its
+    first item. Call after :func:`flush_feeds`."""
+    file = getattr(slot, "file", None)
+    if file is None or not getattr(slot, "_fileloaded", False) or file.closed:
+        return None
+    return os.fstat(file.fileno()).st_size, int(slot.itemcount)
+
+
+def resume_slot(slot: Any, items: int) -> None:
+    """Continue ``slot``'s file, cut back to a position after ``items`` items of this
+    run: open it for appending with its exporter marked as already started, so the
+    next item follows the last one as in an uninterrupted run."""
+    slot.file = slot.storage.open(slot.spider)
+    options = slot.feed_options
+    # (file, format) by position: Scrapy 2.13 names the second ``format``, 2.19 ``format_``.
+    slot.exporter = slot._get_exporter(
+        slot.file,
+        options["format"],
+        fields_to_export=options["fields"],
+        encoding=options["encoding"],
+        indent=options["indent"],
+        **options["item_export_kwargs"],
+    )
+    slot._fileloaded = True
+    slot._exporting = True
+    slot.itemcount = items
+    exporter = slot.exporter
+    if hasattr(exporter, "first_item"):  # JsonItemExporter: "," before the next item
+        exporter.first_item = False
+    if hasattr(exporter, "_headers_not_written") and exporter.include_headers_line:
+        # CsvItemExporter: the header is in the file; without FEED_EXPORT_FIELDS its
+        # columns came from the first item, and the next rows follow them.
+        exporter._headers_not_written = False
+        if exporter.fields_to_export is None:
+            exporter.fields_to_export = _csv_header(Path(slot.storage.path), exporter)
+            exporter._autodetected_fields = True
+
+
+def _csv_header(path: Path, exporter: Any) -> list[str]:
+    with path.open("rb") as fh:
+        first = fh.readline().decode(exporter.encoding or "utf-8")
+    rows = list(csv.reader([first], dialect=exporter.csv_writer.dialect))
+    return list(rows[0]) if rows else []
+
+
+def write_to_slots(exporter: Any, chosen: Callable[[Any], bool], item: Any, spider: Any) -> int:
+    """Write ``item`` to the feeds of ``exporter`` whose slot is ``chosen``, and to no
+    other, through the exporter's own ``item_scraped`` (so batching and each feed's
+    options hold): the other slots are set aside for the call. Returns how many
+    feeds took it."""
+    slots = list(getattr(exporter, "slots", ()))
+    named = [s for s in slots if chosen(s)]
+    if not named:
+        return 0
+    others = [s for s in slots if not chosen(s)]
+    exporter.slots = named
+    try:
+        exporter.item_scraped(item, spider)
+    finally:
+        # item_scraped may have replaced a full batch's slot with a new one.
+        exporter.slots = others + list(exporter.slots)
+    return len(named)
+
+
+# -- the crawl's end ----------------------------------------------------------------------
+
+_EXIT_MARK = "_reliability_exit_failure"
+
+
+def fail_after_close(crawler: Crawler) -> None:
+    """Make ``scrapy crawl`` exit with status 1 once this crawl has stopped.
+
+    Scrapy's ``crawl`` command exits with 1 only when its crawler process reports
+    ``bootstrap_failed``, which it computes after the crawl as "the crawler has no
+    spider". Clearing ``crawler.spider`` once the engine has stopped (nothing uses it
+    after ``engine_stopped``) is the one lever for that."""
+    if getattr(crawler, _EXIT_MARK, False):
+        return
+    setattr(crawler, _EXIT_MARK, True)
+
+    def clear_spider(**_kwargs: Any) -> None:
+        crawler.spider = None
+
+    # Kept referenced by the crawler: signal receivers are weak references.
+    setattr(crawler, "_reliability_clear_spider", clear_spider)  # noqa: B010
+    crawler.signals.connect(clear_spider, signal=signals.engine_stopped)
+
+
+def after_root_handler_update(crawler: Crawler, call: Callable[[], Any]) -> None:
+    """Run ``call`` each time Scrapy installs its root log handler again for
+    ``crawler`` (it does once add-ons have changed the settings), after it."""
+    reinstall = getattr(crawler, "_update_root_log_handler", None)
+    if not callable(reinstall) or getattr(reinstall, "_reliability_json", False):
+        return
+
+    def update_root_log_handler() -> None:
+        reinstall()
+        call()
+
+    update_root_log_handler._reliability_json = True  # type: ignore[attr-defined]
+    crawler._update_root_log_handler = update_root_log_handler  # type: ignore[method-assign]

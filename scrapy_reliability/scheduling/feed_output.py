@@ -11,7 +11,7 @@ local feed that can be resumed (``_feeds.exact_feeds``), this part:
   records the ack and the position, so a file never holds more than what committed
   plus the items of acks in flight;
 * at a resume, cuts each file back to its committed position and continues it
-  (``_feeds.resume_slot``): no JSON array opened twice, no second CSV header;
+  (``engine.resume_slot``): no JSON array opened twice, no second CSV header;
 * makes ``overwrite`` (``-O``) mean "empty the file at the start of a new run",
   never at a resume.
 
@@ -36,7 +36,7 @@ from scrapy.utils.serialize import ScrapyJSONEncoder
 from scrapy_reliability import _feeds, item_keys
 from scrapy_reliability.frontier.feeds import FeedPosition
 from scrapy_reliability.frontier.records import DeadItem, Outcome, SinkItem, WriteBatch
-from scrapy_reliability.scheduling import scrapy_hooks
+from scrapy_reliability.scheduling import engine, scrapy_hooks
 from scrapy_reliability.scheduling.meta import REQUEST_ID_META
 
 if TYPE_CHECKING:
@@ -174,9 +174,9 @@ class FeedOutput:
         """(After FeedExporter opened its slots.) Continue the files of this run."""
         for feed in self.feeds:
             items = self._resume.get(feed.uri)
-            slot = _feeds.exact_slot(feed)
+            slot = engine.exact_slot(feed.exporter, feed.uri)
             if items and slot is not None:
-                _feeds.resume_slot(slot, items)
+                engine.resume_slot(slot, items)
 
     # -- items --------------------------------------------------------------------------------
 
@@ -219,10 +219,10 @@ class FeedOutput:
                             self._to_sink(batch, tr.request_id, place, item, url)
         for tr in batch.transitions:
             item_keys.forget(tr.request_id)
-        _feeds.flush_feeds(self.ctx.feed_exporters)
+        engine.flush_feeds(self.ctx.feed_exporters)
         for feed in self.feeds:
-            slot = _feeds.exact_slot(feed)
-            at = None if slot is None else _feeds.slot_position(slot)
+            slot = engine.exact_slot(feed.exporter, feed.uri)
+            at = None if slot is None else engine.slot_position(slot)
             # Unchanged positions ride only with settlements: new requests only keep
             # their one-statement write, and a position lost with a write part the
             # database refused is written again with the next page's ack.

@@ -130,7 +130,7 @@ HOOKS: tuple[Hook, ...] = (
 )
 
 
-#: The feed exports' internals (``_feeds.py``): without them the local feeds are written
+#: The feed exports' internals (``engine.py``): without them the local feeds are written
 #: at least once, as Scrapy writes them, said at start; the crawl runs.
 FEED_HOOKS: tuple[Hook, ...] = (
     Hook(
@@ -142,7 +142,7 @@ FEED_HOOKS: tuple[Hook, ...] = (
     ),
     Hook(
         "FeedSlot._get_exporter, ._fileloaded, ._exporting, .itemcount, .uri_template",
-        "continue a feed file cut back at a resume (_feeds.resume_slot)",
+        "continue a feed file cut back at a resume (engine.resume_slot)",
         lambda: (
             _method("FeedSlot", "_get_exporter")()
             and _uses("FeedSlot", "_fileloaded", "_exporting", "itemcount", "uri_template")()

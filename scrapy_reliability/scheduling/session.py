@@ -17,7 +17,7 @@ from scrapy import Request, Spider, signals
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from scrapy_reliability import _exitcode, _feeds, _jobs
+from scrapy_reliability import _feeds, _jobs
 from scrapy_reliability._executor import the_reactor
 from scrapy_reliability._process import GC_FREEZE
 from scrapy_reliability._watchdog import Watchdog
@@ -80,7 +80,7 @@ class Session:
         url = _jobs.database_url(ctx.config, settings, spider.name)
         name = _jobs.job_name(ctx.config, settings, spider.name)
         _feeds.repair_line_feeds(settings.getdict("FEEDS"))
-        ctx.feed_exporters = _feeds.feed_exporters(ctx.crawler)
+        ctx.feed_exporters = engine.feed_exporters(ctx.crawler)
         feeds = ctx.feed_output.prepare()
         stock = self._stock_jobdir(spider)
         d = ctx.db.deferred(
@@ -308,7 +308,7 @@ class Session:
         finished = reason == "finished"
         if finished:
             self.outcomes.ignore_dropped()
-        _feeds.flush_feeds(ctx.feed_exporters)
+        engine.flush_feeds(ctx.feed_exporters)
         never_started = self.claims.stop()
         # The database thread runs one call at a time, in order: the write in flight
         # (if any) ends before the final writes start, and they are skipped if it failed.
@@ -403,7 +403,7 @@ class Session:
         line (``Spider closed (incomplete)``) and exit status."""
         self._finish_reason = reason
         engine.name_finish_reason(self.ctx.crawler, reason)
-        _exitcode.fail_after_close(self.ctx.crawler)
+        engine.fail_after_close(self.ctx.crawler)
 
     def _spider_closed(self, spider: Spider, reason: str) -> None:
         if self._frozen:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from scrapy_reliability import _exitcode
 from scrapy_reliability.frontier import StorageLost
 from scrapy_reliability.frontier.dialect import is_lock_timeout, redact, scrub
 from scrapy_reliability.frontier.store import is_storage_failure
@@ -162,5 +161,5 @@ class StorageHealth:
             )
         logger.error("Stopping the crawl. %(message)s", {"message": message}, extra=self.ctx.log())
         self.ctx.stats.set_value("reliability/stopped", "frontier_unavailable")
-        _exitcode.fail_after_close(self.ctx.crawler)
+        engine.fail_after_close(self.ctx.crawler)
         engine.stop_crawl(self.ctx.crawler, "frontier_unavailable")

@@ -77,25 +77,20 @@ def warn_of_order(crawler: Crawler | None, config: Config) -> None:
         logger.warning("%(line)s", {"line": config.order.warning}, extra={"crawler": crawler})
 
 
-def check_settings(settings: BaseSettings) -> Config:
-    """Every setting parsed and checked now, and the optional packages they need
-    imported (:class:`SettingError` names the bad setting, or the extra to install)."""
-    from scrapy_reliability.middlewares import BanDetector
+def check_settings(settings: BaseSettings, crawler: Crawler | None = None) -> Config:
+    """Every setting parsed and checked now (one :class:`Config`, the crawl's when
+    ``settings`` are ``crawler``'s), and the optional packages they need imported
+    (:class:`SettingError` names the bad setting, or the extra to install)."""
     from scrapy_reliability.monitoring.metrics import require_prometheus_client
-    from scrapy_reliability.playwright import require_scrapy_playwright, watchdog_timeout
-    from scrapy_reliability.retry import RetryPolicy
+    from scrapy_reliability.playwright import require_scrapy_playwright
 
-    config = Config.from_settings(settings)
-    RetryPolicy.from_settings(settings)
-    BanDetector.from_settings(settings)
-    watchdog_timeout(settings)
+    if crawler is not None and crawler.settings is settings:
+        config = Config.of(crawler)
+    else:
+        config = Config.from_settings(settings)
     if config.monitoring.prometheus_ports is not None:
         require_prometheus_client()
     require_scrapy_playwright(settings)
-    if settings.getbool("HTTPCACHE_ENABLED"):
-        from scrapy_reliability.httpcache import CacheOptions
-
-        CacheOptions.from_settings(settings)
     return config
 
 

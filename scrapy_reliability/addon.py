@@ -81,7 +81,7 @@ class Addon:
                 install_json_logs(self.crawler)
             # Before any value is checked: a misspelled name may be why a value fails.
             _startup.warn_of_unknown_settings(self.crawler, settings)
-            config = _startup.check_settings(settings)
+            config = _startup.check_settings(settings, self.crawler)
             _startup.warn_of_order(self.crawler, config)
             if config.recrawl.on:
                 from scrapy_reliability.incremental import RecrawlMiddleware

@@ -10,22 +10,30 @@ Scrapy's own settings, are :mod:`scrapy_reliability.domain_limits`.
 from __future__ import annotations
 
 import json
-import re
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from queuelib import queue as queuelib_queue
 from scrapy.settings import BaseSettings
 from scrapy.utils.misc import load_object
 
 from scrapy_reliability.canonical import CanonicalPolicy, policy_from_settings
+from scrapy_reliability.config_parts import (
+    BanRules,
+    CacheOptions,
+    Monitoring,
+    OutputConfig,
+    dead_letter_feeds,
+)
 from scrapy_reliability.domain_limits import LimitsOrigin, _politeness, limits_text
 from scrapy_reliability.frontier.pgsession import SessionLimits
 from scrapy_reliability.frontier.politeness import Politeness
 from scrapy_reliability.frontier.recrawl import RecrawlRules
 from scrapy_reliability.incremental import rules_from_settings
-from scrapy_reliability.output_config import OutputConfig, dead_letter_feeds
+from scrapy_reliability.playwright import watchdog_timeout
+from scrapy_reliability.retry import RetryPolicy
 from scrapy_reliability.settings_values import (
     MAX_AGE_SECONDS,
     MAX_CLAIM_BATCH,
@@ -38,10 +46,12 @@ from scrapy_reliability.settings_values import (
     _float_in,
     _positive_float,
     _str_list,
-    _whole_or_none,
     nonnegative_float,
     positive_int,
 )
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
 
 #: RELIABILITY_WRITE_LINGER at most: what a kill -9 fetches again grows with it.
 MAX_LINGER = 5.0
@@ -205,68 +215,6 @@ class RetryPass:
 
 
 @dataclass(frozen=True)
-class Monitoring:
-    """How a crawl reports on itself: JSON logs, the periodic summary, Prometheus."""
-
-    #: The crawl log as one JSON object per line, with one event per request outcome.
-    json_logs: bool = False
-    #: Seconds between one-line frontier summaries in the log; 0 turns them off.
-    summary_interval: float = 60.0
-    #: Ports to serve Prometheus metrics on (the first free one); None: no metrics.
-    prometheus_ports: tuple[int, int] | None = None
-    prometheus_address: str = "127.0.0.1"
-
-    @classmethod
-    def from_settings(cls, settings: BaseSettings) -> Monitoring:
-        address = settings.get("RELIABILITY_PROMETHEUS_ADDRESS")
-        if address is None or address == "":
-            address = cls.prometheus_address
-        if not isinstance(address, str) or not re.fullmatch(r"[0-9A-Za-z.:_\-\[\]%]+", address):
-            raise _error(
-                "RELIABILITY_PROMETHEUS_ADDRESS",
-                "an address to listen on, e.g. '127.0.0.1' or '0.0.0.0'",
-                address,
-            )
-        return cls(
-            json_logs=_bool(settings, "RELIABILITY_JSON_LOGS", cls.json_logs),
-            summary_interval=nonnegative_float(
-                settings, "RELIABILITY_SUMMARY_INTERVAL", cls.summary_interval, maximum=MAX_SECONDS
-            ),
-            prometheus_ports=_port_range(settings.get("RELIABILITY_PROMETHEUS_PORT")),
-            prometheus_address=address.strip("[]"),
-        )
-
-
-def _port_range(raw: Any) -> tuple[int, int] | None:
-    """``9410``, ``"9410"``, ``[9410, 9420]`` or ``"9410-9420"``; 0 picks a free port."""
-    if raw is None or raw == "":
-        return None
-    parts: list[Any]
-    if isinstance(raw, str):
-        parts = [p.strip() for p in raw.replace(",", "-").split("-")]
-    elif isinstance(raw, (list, tuple)):
-        parts = list(raw)
-    else:
-        parts = [raw]
-    ports = [_whole_or_none(p) for p in parts]
-    if len(ports) == 1:
-        ports *= 2
-    if (
-        len(ports) != 2
-        or ports[0] is None
-        or ports[1] is None
-        or not 0 <= ports[0] <= ports[1] <= 65535
-    ):
-        raise _error(
-            "RELIABILITY_PROMETHEUS_PORT",
-            "a port (9410), a range ([9410, 9420] or '9410-9420': the first free one is "
-            "used) or 0 for any free port",
-            raw,
-        )
-    return ports[0], ports[1]
-
-
-@dataclass(frozen=True)
 class Config:
     """Parsed settings. Build with :meth:`from_settings`; testable without a crawler."""
 
@@ -339,6 +287,30 @@ class Config:
     canonical: CanonicalPolicy = field(default_factory=CanonicalPolicy)
     #: Incremental recrawls (RELIABILITY_RECRAWL_*): when a finished job's pages are due.
     recrawl: RecrawlRules = field(default_factory=RecrawlRules)
+    #: Scrapy's retry settings and RELIABILITY_MAX_ATTEMPTS, BACKOFF_*, STATUS_CLASSES...
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: The ban signals (RELIABILITY_BAN_*).
+    bans: BanRules = field(default_factory=BanRules)
+    #: The HTTP cache's TTLs, namespace and bound; None unless HTTPCACHE_ENABLED.
+    cache: CacheOptions | None = None
+    #: RELIABILITY_PLAYWRIGHT_TIMEOUT_SECONDS; None: the request's download_timeout.
+    browser_timeout: float | None = None
+
+    @classmethod
+    def of(cls, crawler: Crawler) -> Config:
+        """The crawl's config, parsed once: every component reads it in its
+        ``from_crawler``. Parsed again only while the settings change (the add-on
+        checks them before add-ons after it have run; Scrapy freezes them before it
+        builds the engine)."""
+        settings = crawler.settings
+        kept = _BY_CRAWLER.get(crawler)
+        if kept is not None and kept[0] is None:
+            return kept[1]  # parsed from settings since frozen
+        snapshot = _snapshot(settings)
+        if kept is None or kept[0] != snapshot:
+            kept = (snapshot, cls.from_settings(settings))
+        _BY_CRAWLER[crawler] = (None, kept[1]) if settings.frozen else kept
+        return kept[1]
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Config:
@@ -429,6 +401,14 @@ class Config:
             monitoring=Monitoring.from_settings(settings),
             canonical=policy_from_settings(settings),
             recrawl=rules_from_settings(settings),
+            retry=RetryPolicy.from_settings(settings),
+            bans=BanRules.from_settings(settings),
+            cache=(
+                CacheOptions.from_settings(settings)
+                if settings.getbool("HTTPCACHE_ENABLED")
+                else None
+            ),
+            browser_timeout=watchdog_timeout(settings),
             max_in_flight=(
                 positive_int(settings, "RELIABILITY_MAX_IN_FLIGHT", 1, maximum=MAX_COUNT)
                 if settings.get("RELIABILITY_MAX_IN_FLIGHT") is not None
@@ -474,3 +454,12 @@ def _job_name(raw: Any) -> str | None:
         expected = "a job name (a non-empty string); leave it unset for the default"
         raise _error("RELIABILITY_JOB", expected, raw)
     return str(raw).strip()
+
+
+#: Each crawl's config and the settings it was parsed from (None: frozen ones).
+_BY_CRAWLER: weakref.WeakKeyDictionary[Any, tuple[str | None, Config]] = weakref.WeakKeyDictionary()
+
+
+def _snapshot(settings: BaseSettings) -> str:
+    """The settings' values as one string: equal while none changed."""
+    return json.dumps(settings.copy_to_dict(), sort_keys=True, default=repr)

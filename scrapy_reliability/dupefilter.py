@@ -112,7 +112,7 @@ class DupeFilter(BaseDupeFilter):
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        return cls(crawler, Config.from_settings(crawler.settings))
+        return cls(crawler, Config.of(crawler))
 
     @property
     def scheme(self) -> str:

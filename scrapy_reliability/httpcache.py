@@ -18,8 +18,6 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -32,19 +30,11 @@ from sqlalchemy import Engine, PoolProxiedConnection
 from sqlalchemy.exc import SQLAlchemyError
 
 from scrapy_reliability._crashpoints import crash_point
+from scrapy_reliability.config_parts import CacheOptions
 from scrapy_reliability.frontier import cache_table, dialect
 from scrapy_reliability.frontier.errors import first_line
-from scrapy_reliability.frontier.politeness import longest_match
 from scrapy_reliability.frontier.recrawl import DUE
-from scrapy_reliability.incremental import cache_namespace
 from scrapy_reliability.scheduling.meta import RECRAWL_META, REVALIDATED_META
-from scrapy_reliability.settings_values import (
-    MAX_SECONDS,
-    _error,
-    _float_in,
-    _int_in,
-    _mapping,
-)
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -57,76 +47,6 @@ STALE = "stale"
 #: Statuses never stored: a retry must reach the server, not the cache.
 _NEVER_STORED = frozenset({304, 408, 429})
 #: The largest cache bound accepted (1 PiB).
-_MAX_BYTES = 1 << 50
-
-
-@dataclass(frozen=True)
-class CacheOptions:
-    """The cache's settings, checked (:class:`SettingError` names the bad one)."""
-
-    #: HTTPCACHE_EXPIRATION_SECS: the TTL of entries no rule below covers (0: never stale).
-    default_ttl: float = 0.0
-    #: RELIABILITY_CACHE_TTL entries keyed by content type ("text/html", "image/*").
-    content_types: Mapping[str, float] = field(default_factory=dict)
-    #: RELIABILITY_CACHE_TTL entries keyed by domain (a key matches its subdomains too).
-    domains: Mapping[str, float] = field(default_factory=dict)
-    #: RELIABILITY_CACHE_NAMESPACE: the version of the parsing code.
-    namespace: str = "1"
-    #: RELIABILITY_CACHE_MAX_BYTES: stored (compressed) bytes at most; 0: no bound.
-    max_bytes: int = 0
-
-    @classmethod
-    def from_settings(cls, settings: BaseSettings) -> CacheOptions:
-        default = _float_in(
-            "HTTPCACHE_EXPIRATION_SECS",
-            settings.get("HTTPCACHE_EXPIRATION_SECS", 0),
-            "a number of seconds (0: entries never expire)",
-            0.0,
-            MAX_SECONDS,
-        )
-        types: dict[str, float] = {}
-        domains: dict[str, float] = {}
-        accepts = (
-            "a dict of content types ('text/html', 'image/*') or domains ('example.com') "
-            "to a TTL in seconds (0: never stale)"
-        )
-        for key, value in _mapping(settings, "RELIABILITY_CACHE_TTL", accepts).items():
-            if not isinstance(key, str) or not key.strip() or len(key) > 255:
-                raise _error("RELIABILITY_CACHE_TTL", accepts, key)
-            ttl = _float_in(f"RELIABILITY_CACHE_TTL[{key!r}]", value, "seconds", 0.0, MAX_SECONDS)
-            name = key.strip().lower()
-            if "/" in name:
-                types[name] = ttl
-            else:
-                domains[name.rstrip(".")] = ttl
-        max_bytes = settings.get("RELIABILITY_CACHE_MAX_BYTES")
-        return cls(
-            default_ttl=default,
-            content_types=types,
-            domains=domains,
-            namespace=cache_namespace(settings),
-            max_bytes=0
-            if max_bytes is None
-            else _int_in(
-                "RELIABILITY_CACHE_MAX_BYTES",
-                max_bytes,
-                "a number of bytes (0: no bound)",
-                0,
-                _MAX_BYTES,
-            ),
-        )
-
-    def ttl(self, domain: str, content_type: str) -> float:
-        """The TTL of an entry: the longest matching domain rule, else its content
-        type (exact, then ``type/*``), else HTTPCACHE_EXPIRATION_SECS."""
-        found = longest_match(self.domains, domain)
-        if found is not None:
-            return found
-        ctype = content_type.lower()
-        found = self.content_types.get(ctype)
-        if found is None:
-            found = self.content_types.get(ctype.split("/", 1)[0] + "/*")
-        return self.default_ttl if found is None else found
 
 
 def content_type_of(headers: Headers) -> str:
@@ -207,6 +127,8 @@ class HttpCacheStorage:
 
     def __init__(self, settings: BaseSettings):
         self.settings = settings
+        # Scrapy builds a cache storage from its settings only (no crawler, so not
+        # Config.of): its options are parsed here, the rest of the config at open.
         self.options = CacheOptions.from_settings(settings)
         policy = load_object(settings.get("HTTPCACHE_POLICY") or "")
         #: Entries past their TTL are returned for revalidation only under a policy
@@ -230,7 +152,7 @@ class HttpCacheStorage:
         from scrapy_reliability.frontier.connections import open_engine
 
         crawler = spider.crawler
-        config = Config.from_settings(self.settings)
+        config = Config.of(crawler)
         url = _jobs.database_url(config, self.settings, spider.name)
         engine, _ = open_engine(
             url,

@@ -37,6 +37,8 @@ from scrapy.settings import BaseSettings
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.response import response_status_message
 
+from scrapy_reliability.config import Config
+from scrapy_reliability.config_parts import BanRules
 from scrapy_reliability.frontier import clock
 from scrapy_reliability.retry import Action, Decision, ErrorClass, RetryPolicy, Verdict
 from scrapy_reliability.retry_after import parse_retry_after, response_date
@@ -48,12 +50,6 @@ from scrapy_reliability.scheduling.meta import (
     FailureMeta,
     RetryMeta,
     failure_of,  # noqa: F401  (re-exported: imported from here before scheduling.meta)
-)
-from scrapy_reliability.settings_values import (
-    MAX_SECONDS,
-    SettingError,
-    bool_setting,
-    nonnegative_float,
 )
 
 if TYPE_CHECKING:
@@ -95,11 +91,12 @@ class RetryMiddleware:
         assert crawler.stats is not None
         settings = crawler.settings
         allowed = {int(s) for s in settings.getlist("HTTPERROR_ALLOWED_CODES")}
+        config = Config.of(crawler)
         return cls(
-            RetryPolicy.from_settings(settings),
+            config.retry,
             crawler.stats,
             allowed,
-            BanDetector.from_settings(settings),
+            BanDetector.from_rules(config.bans),
             crawler,
             allow_all=settings.getbool("HTTPERROR_ALLOW_ALL"),
         )
@@ -419,37 +416,11 @@ class BanDetector:
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> BanDetector:
-        setting = settings.get("RELIABILITY_BAN_PATTERNS")
-        raw_list: list[str]
-        if setting is None or setting == "":
-            raw_list = []
-        elif isinstance(setting, str):
-            raw_list = setting.split(",")
-        elif isinstance(setting, (list, tuple)) and all(isinstance(p, str) for p in setting):
-            raw_list = list(setting)
-        else:
-            raise SettingError(
-                "RELIABILITY_BAN_PATTERNS must be a list of regular expressions "
-                f"(got {setting!r:.80})."
-            )
-        patterns = []
-        for raw in raw_list:
-            try:
-                patterns.append(re.compile(str(raw).encode(), re.IGNORECASE))
-            except re.error as exc:
-                raise SettingError(
-                    f"RELIABILITY_BAN_PATTERNS has an invalid regular expression {raw!r}: {exc}."
-                ) from None
-        pause = nonnegative_float(
-            settings, "RELIABILITY_BAN_PAUSE_SECONDS", 60.0, maximum=MAX_SECONDS
-        )
-        share = nonnegative_float(settings, "RELIABILITY_BAN_403_SHARE", 0.5, maximum=1.0)
-        if share == 0:
-            raise SettingError(
-                "RELIABILITY_BAN_403_SHARE must be a number greater than 0 and at most 1 (got 0)."
-            )
-        empty = bool_setting(settings, "RELIABILITY_BAN_EMPTY_BODY", False)
-        return cls(patterns, pause, share, empty)
+        return cls.from_rules(BanRules.from_settings(settings))
+
+    @classmethod
+    def from_rules(cls, rules: BanRules) -> BanDetector:
+        return cls(list(rules.patterns), rules.pause_seconds, rules.share_403, rules.empty_body)
 
     def check(self, domain: str, response: Response) -> str | None:
         """The ban signal this response shows, if any."""

@@ -48,7 +48,8 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 from twisted.internet import error as twisted_error
 
-from scrapy_reliability.playwright import TIMEOUT_SETTING, watchdog_timeout
+from scrapy_reliability.config import Config
+from scrapy_reliability.playwright import TIMEOUT_SETTING
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -175,7 +176,7 @@ class PlaywrightDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignor
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
         self._reliability_stats = crawler.stats
-        self._timeout = watchdog_timeout(crawler.settings)
+        self._timeout = Config.of(crawler).browser_timeout
         self._default_timeout = _positive(
             crawler.settings.get("DOWNLOAD_TIMEOUT"), DEFAULT_DOWNLOAD_TIMEOUT
         )

@@ -37,7 +37,6 @@ from scrapy_reliability._executor import DatabaseThread
 from scrapy_reliability.config import Config
 from scrapy_reliability.dupefilter import DupeFilter
 from scrapy_reliability.frontier import Frontier, Job, NewRequest
-from scrapy_reliability.retry import RetryPolicy
 from scrapy_reliability.scheduling import engine, scrapy_hooks
 from scrapy_reliability.scheduling.claims import ClaimBuffer
 from scrapy_reliability.scheduling.core import build
@@ -79,7 +78,7 @@ class Scheduler(BaseScheduler):
         self.dupefilter = dupefilter
         self.stats = stats
         self.retry_pass = config.retry_pass
-        self.policy = RetryPolicy.from_settings(crawler.settings)
+        self.policy = config.retry
         self.max_in_flight = config.max_in_flight or crawler.settings.getint("CONCURRENT_REQUESTS")
         # Claim no more than this worker can start: rows leased into one worker's
         # buffer wait there while other workers may have nothing to do.
@@ -116,7 +115,7 @@ class Scheduler(BaseScheduler):
         # The add-on checked before the engine existed; a project that names this
         # Scheduler without the add-on is checked here (with Scrapy's traceback).
         scrapy_hooks.check()
-        config = Config.from_settings(crawler.settings)
+        config = Config.of(crawler)
         dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
         if dupefilter_cls is BaseDupeFilter:
             # Scrapy's filter that filters nothing: the project turned deduplication

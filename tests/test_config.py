@@ -507,3 +507,52 @@ def test_the_storage_give_up_time_defaults_to_under_a_minute_and_is_checked() ->
     for bad in ("0", "-1", "inf", "nan", "soon"):
         with pytest.raises(SettingError, match="RELIABILITY_STORAGE_GIVE_UP_SECONDS"):
             Config.from_settings(Settings({"RELIABILITY_STORAGE_GIVE_UP_SECONDS": bad}))
+
+
+def test_a_crawls_components_read_one_config_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Config.of(crawler)``: one parse per crawl, shared by the add-on's start checks
+    and the components that read settings; parsed again only when a setting changed
+    before Scrapy froze them (an add-on after ours)."""
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_reliability.dupefilter import DupeFilter
+    from scrapy_reliability.middlewares import RetryMiddleware
+    from scrapy_reliability.monitoring.extension import CrawlMonitor
+
+    parsed: list[int] = []
+    parse = Config.from_settings.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[Config], settings: Any) -> Config:
+        parsed.append(1)
+        return parse(cls, settings)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Config, "from_settings", classmethod(counted))
+    values = {
+        "RELIABILITY_LEASE_SECONDS": 12,
+        "RELIABILITY_BAN_PAUSE_SECONDS": 7,
+        "RELIABILITY_PLAYWRIGHT_TIMEOUT_SECONDS": 9,
+        "RETRY_TIMES": 4,
+        "EXTENSIONS": {CrawlMonitor: 500},
+    }
+    # Scrapy builds the extensions (the monitor reads the config), then freezes the
+    # settings, then builds the engine's components.
+    crawler = get_crawler(Spider, values)
+    assert crawler.settings.frozen
+    config = Config.of(crawler)
+    retry = RetryMiddleware.from_crawler(crawler)
+    dupefilter = DupeFilter.from_crawler(crawler)
+    monitors = [e for e in crawler.extensions.middlewares if isinstance(e, CrawlMonitor)]
+    assert len(parsed) == 1
+    assert [m.config for m in monitors] == [config]
+    assert retry.policy is config.retry and config.retry.max_attempts == 5
+    assert retry.bans.pause_seconds == config.bans.pause_seconds == 7
+    assert dupefilter.config is config
+    assert config.lease_seconds == 12 and config.browser_timeout == 9 and config.cache is None
+
+    changed = Crawler(Spider, values)
+    first = Config.of(changed)
+    assert Config.of(changed) is first and len(parsed) == 2
+    changed.settings.set("RELIABILITY_LEASE_SECONDS", 20)  # an add-on after ours
+    assert Config.of(changed).lease_seconds == 20 and len(parsed) == 3

@@ -59,13 +59,8 @@ class _Doctor:
         return self.checks
 
     def _settings(self, settings: BaseSettings) -> Config | None:
-        from scrapy_reliability.middlewares import BanDetector
-        from scrapy_reliability.retry import RetryPolicy
-
         try:
             config = Config.from_settings(settings)
-            RetryPolicy.from_settings(settings)
-            BanDetector.from_settings(settings)
         except SettingError as exc:
             self.add("settings", "fail", str(exc))
             return None

@@ -99,7 +99,7 @@ class CrawlMonitor:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         assert crawler.stats is not None
-        return cls(crawler, Config.from_settings(crawler.settings), crawler.stats)
+        return cls(crawler, Config.of(crawler), crawler.stats)
 
     # -- open / close -----------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """``scrapy frontier``: explain in every state, dead letters, requeue, purge, doctor.
 
 Frontier rows are put into each state through the frontier's own operations (claim,
-write) on SQLite and PostgreSQL; the command runs as a real ``scrapy`` subprocess.
-The crawl-level acceptance (status after a faulty crawl) is in test_observability.py.
+write) on SQLite and PostgreSQL; the command runs Scrapy's own command line in this
+process (``tests/cli_runner.py``), and each subcommand once as a real ``scrapy``
+subprocess (:func:`test_every_subcommand_runs_as_a_process`). The crawl-level
+acceptance (status after a faulty crawl) is in test_observability.py.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sqlalchemy import create_engine, select
 from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 from scrapy_reliability.frontier.schema import dead_letters, jobs, requests
+from tests.cli_runner import run_in_process
 from tests.crawling import REPO
 from tests.frontier_helpers import add, dead_letters_of, lease_of
 
@@ -65,19 +68,24 @@ def new(url: str) -> NewRequest:
 
 
 def frontier_cmd(
-    cwd: Path, *args: str, settings: dict[str, Any] | None = None
+    cwd: Path, *args: str, settings: dict[str, Any] | None = None, process: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "scrapy.cmdline", "frontier", *args]
+    """``scrapy frontier *args`` in ``cwd``: in this process (``tests/cli_runner.py``),
+    or with ``process`` as a real subprocess."""
+    argv = ["frontier", *args]
     for key, value in (settings or {}).items():
-        cmd += ["-s", f"{key}={value}"]
+        argv += ["-s", f"{key}={value}"]
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    if not process:
+        return run_in_process(cwd, argv, env)
     return subprocess.run(
-        cmd,
+        [sys.executable, "-m", "scrapy.cmdline", *argv],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        env=env,
     )
 
 
@@ -181,7 +189,6 @@ def states(frontier_url: str) -> Iterator[States]:
         frontier.close()
 
 
-@pytest.mark.crawl
 def test_explain_gives_the_reason_of_each_state(
     states: States, frontier_url: str, tmp_path: Path
 ) -> None:
@@ -225,7 +232,6 @@ def test_explain_gives_the_reason_of_each_state(
     assert "permanent (HTTP 404, HTTP 404) after 1 attempt" in out
 
 
-@pytest.mark.crawl
 def test_dead_export_requeue_and_purge(states: States, frontier_url: str, tmp_path: Path) -> None:
     common = ["--database-url", frontier_url, "--job", JOB]
     listed = as_json(frontier_cmd(tmp_path, "dead", *common, "--json"))
@@ -299,7 +305,6 @@ def test_dead_export_requeue_and_purge(states: States, frontier_url: str, tmp_pa
     engine.dispose()
 
 
-@pytest.mark.crawl
 def test_status_of_a_running_job_shows_its_workers_and_leases(
     states: States, frontier_url: str, tmp_path: Path
 ) -> None:
@@ -325,7 +330,6 @@ def test_status_of_a_running_job_shows_its_workers_and_leases(
     assert "job 'nope' never ran" in missing.stdout and JOB in missing.stdout
 
 
-@pytest.mark.crawl
 def test_doctor(states: States, frontier_url: str, tmp_path: Path) -> None:
     report = as_json(
         frontier_cmd(tmp_path, "doctor", "--database-url", frontier_url, "--job", JOB, "--json")
@@ -348,7 +352,6 @@ def test_doctor(states: States, frontier_url: str, tmp_path: Path) -> None:
     assert "RELIABILITY_HEARTBEAT_SECONDS (20.0) must be shorter" in bad.stdout
 
 
-@pytest.mark.crawl
 def test_doctor_and_status_on_an_unreachable_database_never_print_the_password(
     tmp_path: Path,
 ) -> None:
@@ -363,7 +366,6 @@ def test_doctor_and_status_on_an_unreachable_database_never_print_the_password(
     assert "database  fail" in doctor.stdout
 
 
-@pytest.mark.crawl
 def test_status_of_a_frontier_that_does_not_exist(tmp_path: Path) -> None:
     result = frontier_cmd(tmp_path, "status", "--database-url", f"sqlite:///{tmp_path}/no.sqlite")
     assert result.returncode == 1
@@ -371,7 +373,6 @@ def test_status_of_a_frontier_that_does_not_exist(tmp_path: Path) -> None:
     assert not (tmp_path / "no.sqlite").exists()
 
 
-@pytest.mark.crawl
 def test_bad_arguments_are_refused_with_what_to_do(tmp_path: Path) -> None:
     result = frontier_cmd(tmp_path, "status")
     assert result.returncode == 2
@@ -432,7 +433,6 @@ def test_status_counts_come_from_one_snapshot(frontier_url: str) -> None:
         frontier.close()
 
 
-@pytest.mark.crawl
 def test_explain_status_and_domains_report_the_limits_the_crawl_runs_with(
     frontier_url: str, tmp_path: Path
 ) -> None:
@@ -465,3 +465,56 @@ def test_explain_status_and_domains_report_the_limits_the_crawl_runs_with(
     print(text.stdout.splitlines()[2])
     assert "Per-domain limits (as the crawl runs): no rate limit, at most 8 at once" in text.stdout
     assert "1 domain with their own" in text.stdout
+
+
+#: Each subcommand with arguments that run it on a job of one request (``{db}``: the
+#: frontier's URL, ``{dir}``: a scratch directory), and how its output starts.
+SMOKE: dict[str, tuple[tuple[str, ...], str]] = {
+    "status": (("status",), "Job shop, run 1"),
+    "domains": (("domains",), "Per-domain limits"),
+    "explain": (("explain", "http://a.test/1"), "http://a.test/1"),
+    "dead": (("dead",), "No dead letters"),
+    "report": (("report", "-o", "{dir}/report.html"), "wrote {dir}/report.html"),
+    "requeue": (("requeue", "--dry-run"), "Would requeue 0 dead requests"),
+    "pause": (("pause", "--domain", "a.test"), "Paused a.test in job shop"),
+    "resume": (("resume", "--domain", "a.test"), "None of a.test is paused in job shop"),
+    "limit": (("limit", "--domain", "a.test", "--rate", "1"), "Job shop: a.test: 1/s"),
+    "add": (("add", "http://a.test/2"), "Added 1 URLs to job shop."),
+    "stop": (("stop",), "No worker of job shop is running"),
+    "purge": (("purge", "--dead-letters", "--dry-run"), "Would purge 0 dead letters"),
+    "move": (("move", "--to", "sqlite:///{dir}/moved.sqlite"), "Moved job shop"),
+    "rekey": (("rekey", "--dry-run"), "Would re-key job shop: 1 rows read"),
+    "cache": (("cache",), "HTTP cache in"),
+    "migrate": (("migrate",), "{db}: schema already at"),
+    "doctor": (("doctor",), "check"),
+}
+
+
+def test_the_smoke_list_names_every_subcommand() -> None:
+    from scrapy_reliability.commands.frontier import SUBCOMMANDS
+
+    assert sorted(SMOKE) == sorted(SUBCOMMANDS)
+
+
+@pytest.mark.crawl
+@pytest.mark.parametrize("subcommand", sorted(SMOKE))
+def test_every_subcommand_runs_as_a_process(subcommand: str, tmp_path: Path) -> None:
+    """The rest of the CLI tests run the command line in the test process; this one
+    runs each subcommand as ``scrapy frontier`` really runs: a new process, the
+    command found through the package's entry point."""
+    url = f"sqlite:///{tmp_path / 'frontier.sqlite'}"
+    frontier = Frontier.connect(url)
+    try:
+        job = frontier.open_job(JOB, SCHEME)
+        add(frontier, job.id, [new("http://a.test/1")])
+    finally:
+        frontier.close()
+    args, start = SMOKE[subcommand]
+    fill = {"db": url, "dir": str(tmp_path)}
+    argv = [a.format(**fill) for a in args]
+    if subcommand not in ("cache", "migrate", "doctor"):
+        argv += ["--job", JOB]
+    result = frontier_cmd(tmp_path, *argv, "--database-url", url, process=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith(start.format(**fill)), result.stdout[:300]
+    assert "Traceback" not in result.stderr

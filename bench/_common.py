@@ -1,21 +1,27 @@
-"""Helpers shared by the benchmark scripts: running a ``scrapy crawl`` of bench/benchproj
-as a child process (exit status, peak RSS via wait4, final stats as JSON) and throwaway
-PostgreSQL databases."""
+"""Helpers shared by the benchmark scripts and tools: running a ``scrapy crawl`` of
+bench/benchproj as a child process (exit status, peak RSS via wait4, final stats as
+JSON), the checks every finished crawl must pass (:func:`crawl_problems`), throwaway
+PostgreSQL databases, a frontier job filled with rows in bulk, package snapshots."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scrapy_reliability.frontier import Frontier
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -198,20 +204,63 @@ def run_crawl(
     wall = time.monotonic() - start
     code = os.waitstatus_to_exitcode(status)
     proc.returncode = code  # reaped here; keep Popen from waiting again
-    stats: dict[str, Any] = {}
-    if stats_path.exists():
-        stats = json.loads(stats_path.read_text())
     return CrawlResult(
-        code,
-        rusage.ru_maxrss,
-        wall,
-        stats,
-        log_path,
-        timed_out,
-        rusage.ru_utime + rusage.ru_stime,
-        package_path.read_text(encoding="utf-8") if package_path.exists() else None,
-        rusage.ru_stime,
+        exit_code=code,
+        maxrss_kb=rusage.ru_maxrss,
+        wall_seconds=wall,
+        stats=read_stats(stats_path),
+        log_path=log_path,
+        timed_out=timed_out,
+        cpu_seconds=rusage.ru_utime + rusage.ru_stime,
+        package_file=package_path.read_text(encoding="utf-8") if package_path.exists() else None,
+        sys_seconds=rusage.ru_stime,
     )
+
+
+def read_stats(path: Path) -> dict[str, Any]:
+    """The final stats a crawl wrote as JSON (benchproj/stats.py, ``BENCH_STATS_PATH``);
+    empty when it wrote none (it died before closing)."""
+    if not path.exists():
+        return {}
+    stats: dict[str, Any] = json.loads(path.read_text())
+    return stats
+
+
+def crawl_problems(
+    stats: Mapping[str, Any],
+    exit_code: int | None,
+    *,
+    timed_out: bool = False,
+    finish_reason: str = "finished",
+    items: int | None = None,
+) -> list[str]:
+    """What is wrong with a finished crawl, one phrase each (empty: nothing): it timed
+    out, exited non-zero, left no final stats, closed for another reason than
+    ``finish_reason``, logged ERROR lines, or scraped another number of items than
+    ``items`` (the pages it should have crawled: fewer is a lost page, more a page
+    scraped twice). Every benchmark counts a crawl with a problem as failed and exits
+    non-zero, so that no figure comes from a broken crawl."""
+    problems = []
+    if timed_out:
+        problems.append("timed out")
+    if exit_code != 0:
+        problems.append(f"exit status {exit_code}")
+    if not stats:
+        problems.append("no final stats (the crawl did not close)")
+    elif stats.get("finish_reason") != finish_reason:
+        problems.append(f"finish_reason {stats.get('finish_reason')!r}")
+    if stats.get("log_count/ERROR"):
+        problems.append(f"{stats['log_count/ERROR']} ERROR log lines")
+    if items is not None:
+        scraped = int(stats.get("item_scraped_count", 0))
+        if scraped != items:
+            problems.append(f"items {scraped} != pages {items}")
+    return problems
+
+
+def verdict(problems: list[str]) -> str:
+    """``ok``, or ``FAILED: ...`` with the problems: the end of a run's printed line."""
+    return "ok" if not problems else "FAILED: " + "; ".join(problems)
 
 
 def median(values: list[float]) -> float:
@@ -248,6 +297,64 @@ class PostgresDatabase:
 
     def __exit__(self, *exc: object) -> None:
         self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+def fill_job(
+    frontier: Frontier,
+    rows: int,
+    domains: int,
+    *,
+    leased: int = 64,
+    spread: float = 3600.0,
+    worker: str = "w1",
+) -> int:
+    """A new job of ``rows`` rows over ``domains`` domains in ``frontier``, the first
+    ``leased`` of them leased by two workers (``worker`` and ``w2``), the others
+    pending, each due at a random moment within ``spread`` seconds from now (0: due
+    now); bulk INSERTs of the frontier's table, not its write path, so that a large
+    job fills in seconds. Returns the job's id."""
+    from sqlalchemy import insert, text
+
+    from scrapy_reliability.frontier.schema import LEASED, PENDING, requests
+
+    job_id: int = frontier.open_job("bench", "s").id
+    rng = random.Random(15)
+    now = time.time()
+    chunk: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        with frontier.engine.begin() as conn:
+            conn.execute(insert(requests), chunk)
+        chunk.clear()
+
+    for i in range(rows):
+        held = i < leased
+        chunk.append(
+            {
+                "job_id": job_id,
+                "fingerprint": f"{i:040x}",
+                "state": LEASED if held else PENDING,
+                "priority": 0,
+                "domain": f"shop{i % domains}.example.com",
+                "url": f"https://shop{i % domains}.example.com/item/{i}",
+                "payload": "{}",
+                "not_before": now + rng.random() * spread if spread else 0.0,
+                "attempts": 0,
+                "created_at": now,
+                "updated_at": now,
+                "worker_id": (worker if i % 2 else "w2") if held else None,
+                "lease_token": f"t{i}" if held else None,
+                "lease_expires_at": now + 600 if held else None,
+            }
+        )
+        if len(chunk) >= 50_000:
+            flush()
+    if chunk:
+        flush()
+    if frontier.engine.dialect.name == "postgresql":
+        with frontier.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("VACUUM ANALYZE reliability_requests"))
+    return job_id
 
 
 def package_fingerprint(root: Path | None = None) -> str:

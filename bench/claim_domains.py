@@ -8,9 +8,12 @@ rows claimed per second for both and their ratio; the acceptance criterion is
 many-domains >= 0.5x one-domain ("within 2x"). Same run, interleaved, medians.
 
     python bench/claim_domains.py [--rows 100000] [--repeat 3] [--postgres SERVER_URL]
+        [--domains 1000] [--batch 64] [--smoke]
 
 With --postgres (a server URL such as postgresql+psycopg://postgres@127.0.0.1/postgres)
 each case runs in a database of its own, created and dropped by the benchmark.
+``--smoke`` (CI's tiny run, e.g. ``--rows 2000 --domains 20 --repeat 1``): every row
+must still be claimed once, but the ratio is not checked (at a tiny size it is noise).
 """
 
 from __future__ import annotations
@@ -87,6 +90,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--postgres", metavar="URL", help="also run against this database")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny run: check the counts, not the ratio"
+    )
     args = parser.parse_args()
     backends = {"sqlite": None}
     if args.postgres:
@@ -104,8 +110,9 @@ def main() -> int:
                     finally:
                         drop()  # type: ignore[operator]
                 else:
-                    url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'claim.sqlite'}"
-                    into.append(run_case(url, domains, args.rows, args.batch))
+                    with tempfile.TemporaryDirectory(prefix="bench-claim-domains-") as tmp:
+                        url = f"sqlite:///{Path(tmp) / 'claim.sqlite'}"
+                        into.append(run_case(url, domains, args.rows, args.batch))
         one, lots = statistics.median(single), statistics.median(many)
         ratio = lots / one
         print(f"{backend}: 1 domain x {args.rows}: {one:,.0f} rows/s claimed+acked (median)")
@@ -113,8 +120,9 @@ def main() -> int:
             f"{backend}: {args.domains} domains x {args.rows // args.domains}: "
             f"{lots:,.0f} rows/s (median)"
         )
-        print(f"ratio {backend} many-domains / one-domain = {ratio:.2f} (must be >= 0.50)")
-        ok &= ratio >= 0.5
+        need = "not checked: --smoke" if args.smoke else "must be >= 0.50"
+        print(f"ratio {backend} many-domains / one-domain = {ratio:.2f} ({need})")
+        ok &= args.smoke or ratio >= 0.5
     return 0 if ok else 1
 
 

@@ -6,6 +6,7 @@ the same transactions, in the same run, on both backends.
 
     python bench/claim_raw.py [--rows 50000] [--repeat 5] [--batch 16] [--order lifo|fifo]
         [--backends sqlite,postgres] [--pg-admin-url URL] [--profile [--profile-rows N]]
+        [--smoke]
 
 ``--order``: the rows' claim order as the scheduler writes it, newest first (``lifo``,
 Scrapy's default queues, the default here) or oldest first (``fifo``); the claim is the
@@ -89,7 +90,8 @@ markdown table per backend: frontier rows/s, raw rows/s, frontier/raw (median of
 rows/s; the per-round paired ratios are printed too), and the same per second of this
 process's CPU time (user + system; on PostgreSQL most of the time is the server's, which
 this leaves out). Exit status 1 when the wall-clock ratio is below 0.5 (the acceptance
-point).
+point); with ``--smoke`` (CI's tiny run, e.g. ``--rows 200 --repeat 1``) the ratio is
+not checked, only that both sides ran, sent the same driver calls and left every row done.
 
 ``--profile`` then runs the frontier side once more per backend under cProfile (``--profile-
 rows``, default 20,000) and prints where its time goes: by package, and the functions of
@@ -686,6 +688,9 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="then cProfile the frontier side")
     parser.add_argument("--profile-rows", type=int, default=20_000)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny run: check the counts, not the ratio"
+    )
     args = parser.parse_args()
     sigterm_raises()  # SIGTERM unwinds: scratch databases and files are removed
     backends = [b for b in args.backends.split(",") if b]
@@ -740,10 +745,11 @@ def main() -> int:
             f"\n#### {backend}: claim + ack, {args.rows} rows, batches of {args.batch}, "
             f"medians of {args.repeat}\n"
         )
+        need = "not checked: --smoke" if args.smoke else "must be >= 0.50"
         f_cpu = median([x.rows_per_cpu_s for x in frontier])
         r_cpu = median([x.rows_per_cpu_s for x in raw])
         print(
-            "| backend | frontier rows/s | raw driver rows/s | frontier / raw (must be >= 0.50) "
+            f"| backend | frontier rows/s | raw driver rows/s | frontier / raw ({need}) "
             "| frontier rows/CPU s | raw rows/CPU s | frontier / raw, CPU |"
         )
         print("|---|---|---|---|---|---|---|")
@@ -755,7 +761,7 @@ def main() -> int:
             f"\nper-round ratios: {', '.join(f'{p:.2f}' for p in paired)}; "
             f"{calls:.1f} driver calls per batch on both sides\n"
         )
-        ok &= ratio >= 0.5
+        ok &= args.smoke or ratio >= 0.5
         if args.profile:
             profile_frontier(
                 backend, args.pg_admin_url, rows[: args.profile_rows], args.batch, args.top

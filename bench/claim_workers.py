@@ -7,7 +7,7 @@ the next ones in the same transaction (``claim=ClaimSpec(...)``, as the schedule
 write pipeline carries a claim). Politeness off, as in every throughput benchmark: the
 workers contend for the same pending rows (``FOR UPDATE SKIP LOCKED``) and nothing
 else. Per worker count, a fresh database of ``--rows`` pending rows over ``--domains``
-domains (``nothing_due.fill``), all workers started together; the run ends when every
+domains (``_common.fill_job``), all workers started together; the run ends when every
 worker's claim finds nothing pending.
 
     python bench/claim_workers.py [--workers 1,4,8,16] [--rows 100000] [--batch 16]
@@ -36,8 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import PG_ADMIN_URL, PostgresDatabase  # noqa: E402
-from nothing_due import fill  # noqa: E402
+from _common import PG_ADMIN_URL, PostgresDatabase, fill_job  # noqa: E402
 
 from scrapy_reliability.frontier import (  # noqa: E402
     ClaimSpec,
@@ -92,7 +91,7 @@ def worker(url: str, job_id: int, name: str, batch: int, start: Any, out: Any) -
 def run(url: str, n: int, rows: int, domains: int, batch: int) -> dict[str, Any]:
     setup = Frontier.connect(url)
     try:
-        job_id = fill(setup, rows, domains, leased=0, spread=0.0)
+        job_id = fill_job(setup, rows, domains, leased=0, spread=0.0)
     finally:
         setup.close()
     ctx = mp.get_context("spawn")

@@ -28,8 +28,8 @@ times the garbage collector from spider opened to closed (printed as "gc ms/page
 full": all its passes, and the number of full ones).
 Round r runs the variants in an order rotated by r, so no variant always goes first.
 
-Exit status 1 if any crawl fails (exit status, finish_reason, ERROR log lines) or loses
-pages (item_scraped_count != 3 x pages).
+Exit status 1 if any crawl fails or loses pages (``_common.crawl_problems``: exit
+status, finish_reason, ERROR log lines, item_scraped_count != 3 x pages).
 
     python bench/crawl_throughput.py [--pages 2000] [--repeat 3] [--variants ...] [--project-limits]
         [--baseline-rev REV] [--set NAME=VALUE ...] [--json results.json]
@@ -55,6 +55,7 @@ import _common
 from _common import (
     PG_ADMIN_URL,
     PostgresDatabase,
+    crawl_problems,
     extract_revision_into,
     machine_line,
     median,
@@ -62,6 +63,7 @@ from _common import (
     sigterm_raises,
     snapshot_package,
     variants_with_baseline,
+    verdict,
 )
 
 VARIANTS = ("stock-memory", "stock-jobdir", "reliability-sqlite", "reliability-postgres")
@@ -136,17 +138,7 @@ def run_variant(
     responses = int(st.get("response_received_count", 0))
     elapsed = float(st.get("elapsed_time_seconds", 0) or 0)
     items = int(st.get("item_scraped_count", 0))
-    problems = []
-    if res.timed_out:
-        problems.append(f"timed out after {args.timeout:g} s")
-    if res.exit_code != 0:
-        problems.append(f"exit status {res.exit_code}")
-    if st.get("finish_reason") != "finished":
-        problems.append(f"finish_reason {st.get('finish_reason')!r}")
-    if st.get("log_count/ERROR"):
-        problems.append(f"{st['log_count/ERROR']} ERROR log lines")
-    if items != expected:
-        problems.append(f"items {items} != pages {expected}")
+    problems = crawl_problems(st, res.exit_code, timed_out=res.timed_out, items=expected)
     expected_file = package_root / "scrapy_reliability" / "__init__.py"
     if reliability and res.package_file is None:
         problems.append("no record of the scrapy_reliability it imported")
@@ -252,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                         variant, root=root, start_urls=start_urls, round_no=r, args=args
                     )
                     runs.append(run)
-                    flag = "ok" if run["ok"] else "FAILED: " + "; ".join(run["problems"])
+                    flag = verdict(run["problems"])
                     print(
                         f"  round {r} {variant:30s} {run['pages_per_s']:7.1f} pages/s  "
                         f"{run['elapsed_s']:6.1f} s  cpu {run['cpu_ms_per_page']:5.2f} ms/page "

@@ -7,7 +7,8 @@ Prints pages/s per variant (median of ``--repeat``), its ratio to "off" of the s
 backend and CONCURRENT_ITEMS, and the disk each item costs in the sink (its table on
 PostgreSQL, ``pg_total_relation_size``; the SQLite file's growth over the run without a
 sink) and in the feed positions (one row per feed file: nothing per item). Exit status 1
-if a crawl fails or a feed or the sink does not hold every item once.
+if a crawl fails (``_common.crawl_problems``) or a feed or the sink does not hold every
+item once.
 
     python bench/exactly_once.py [--pages 1000] [--repeat 5] [--items 8,100]
         [--backends sqlite,postgres] [--json results.json]
@@ -29,11 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     PG_ADMIN_URL,
     PostgresDatabase,
+    crawl_problems,
     machine_line,
     median,
     run_crawl,
     sigterm_raises,
     snapshot_package,
+    verdict,
 )
 
 VARIANTS = ("off", "once", "once+sink")
@@ -62,6 +65,8 @@ def run_one(
     else:
         settings["JOBDIR"] = str(workdir / "jobdir")
     sink_bytes = 0
+    sink_rows: tuple[int, int] | None = None
+    db_file = workdir / "jobdir" / "reliability.sqlite"
     try:
         res = run_crawl(
             "pages",
@@ -72,20 +77,22 @@ def run_one(
             timeout=args.timeout,
             tag=tag,
         )
-        if db is not None and variant == "once+sink":
-            sink_bytes = _pg_table_bytes(db.url, SINK)
+        if variant == "once+sink":
+            url = db.url if db is not None else f"sqlite:///{db_file}"
+            sink_rows = _sink_counts(url, SINK)
+            if db is not None:
+                sink_bytes = _pg_table_bytes(db.url, SINK)
     finally:
         if db is not None:
             db.__exit__(None, None, None)
     st = res.stats
     expected = 3 * args.pages
     lines = feed.read_text().splitlines() if feed.exists() else []
-    problems = []
-    if res.exit_code != 0 or st.get("finish_reason") != "finished":
-        problems.append(f"exit {res.exit_code}, finish_reason {st.get('finish_reason')!r}")
+    problems = crawl_problems(st, res.exit_code, timed_out=res.timed_out, items=expected)
     if len(lines) != expected or len(set(lines)) != expected:
         problems.append(f"feed holds {len(lines)} lines ({len(set(lines))} distinct)")
-    db_file = workdir / "jobdir" / "reliability.sqlite"
+    if sink_rows is not None and sink_rows != (expected, expected):
+        problems.append(f"sink holds {sink_rows[0]} rows ({sink_rows[1]} distinct items)")
     responses = int(st.get("response_received_count", 0))
     elapsed = float(st.get("elapsed_time_seconds", 0) or 0)
     return {
@@ -100,6 +107,23 @@ def run_one(
         "problems": problems,
         "log_tail": res.log_tail() if problems else "",
     }
+
+
+def _sink_counts(url: str, table: str) -> tuple[int, int]:
+    """(rows, distinct items) of the sink table at ``url``; (0, 0) when it is missing."""
+    from sqlalchemy import create_engine, inspect, text
+
+    engine = create_engine(url)
+    try:
+        if not inspect(engine).has_table(table):
+            return 0, 0
+        with engine.connect() as conn:
+            rows, distinct = conn.execute(
+                text(f"SELECT count(*), count(DISTINCT item) FROM {table}")
+            ).one()
+            return int(rows), int(distinct)
+    finally:
+        engine.dispose()
 
 
 def _pg_table_bytes(url: str, table: str) -> int:
@@ -143,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                         for variant in VARIANTS[k:] + VARIANTS[:k]:
                             run = run_one(variant, backend, items, r, root, site.start_urls(), args)
                             runs.append(run)
-                            flag = "ok" if run["ok"] else "FAILED: " + "; ".join(run["problems"])
+                            flag = verdict(run["problems"])
                             print(
                                 f"  round {r} {backend:8s} CONCURRENT_ITEMS={items:<3d} "
                                 f"{variant:10s} {run['pages_per_s']:7.1f} pages/s  {flag}",

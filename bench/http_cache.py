@@ -71,11 +71,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     PG_ADMIN_URL,
     PostgresDatabase,
+    crawl_problems,
     machine_line,
     median,
     run_crawl,
     sigterm_raises,
     snapshot_package,
+    verdict,
 )
 
 if TYPE_CHECKING:
@@ -692,17 +694,7 @@ def run_cache_crawl(
     elapsed = float(st.get("elapsed_time_seconds", 0) or 0)
     hits = int(st.get("httpcache/hit", 0))
     misses = int(st.get("httpcache/miss", 0))
-    problems = []
-    if res.timed_out:
-        problems.append(f"timed out after {args.timeout:g} s")
-    if res.exit_code != 0:
-        problems.append(f"exit status {res.exit_code}")
-    if st.get("finish_reason") != "finished":
-        problems.append(f"finish_reason {st.get('finish_reason')!r}")
-    if st.get("log_count/ERROR"):
-        problems.append(f"{st['log_count/ERROR']} ERROR log lines")
-    if int(st.get("item_scraped_count", 0)) != expected:
-        problems.append(f"items {st.get('item_scraped_count')} != pages {expected}")
+    problems = crawl_problems(st, res.exit_code, timed_out=res.timed_out, items=expected)
     if cached:
         if hits != responses or responses != expected + 3 or misses:
             problems.append(
@@ -752,7 +744,7 @@ def part_crawl(args: argparse.Namespace, root: Path, pg: PostgresDatabase | None
 
     def show(run: dict[str, Any]) -> None:
         other = run["thread_cpu_ms_per_page"]
-        flag = "ok" if run["ok"] else "FAILED: " + "; ".join(run["problems"])
+        flag = verdict(run["problems"])
         print(
             f"  {run['job']:6s} {run['variant']:16s} {run['pages_per_s']:7.1f} pages/s "
             f"{run['elapsed_s']:6.1f} s  cpu {run['cpu_ms_per_page']:5.2f} ms/page (main "

@@ -50,12 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     PG_ADMIN_URL,
     PostgresDatabase,
+    crawl_problems,
     extract_revision_into,
     machine_line,
     median,
     run_crawl,
     sigterm_raises,
     snapshot_package,
+    verdict,
 )
 
 
@@ -121,17 +123,11 @@ def run_one(
             db.__exit__(None, None, None)
     st = res.stats
     stored = int(st.get("reliability/stored" if reliability else "scheduler/enqueued", 0))
-    problems = []
-    if res.timed_out:
-        problems.append(f"timed out after {args.timeout:g} s")
-    if res.exit_code != 0:
-        problems.append(f"exit status {res.exit_code}")
-    if st.get("finish_reason") != "bench_done":
-        problems.append(f"finish_reason {st.get('finish_reason')!r}")
+    problems = crawl_problems(
+        st, res.exit_code, timed_out=res.timed_out, finish_reason="bench_done"
+    )
     if stored < n:
         problems.append(f"only {stored} of {n} stored")
-    if st.get("log_count/ERROR"):
-        problems.append(f"{st['log_count/ERROR']} ERROR log lines")
     out = {
         "variant": variant,
         "n": n,
@@ -229,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                 for variant, n in plan:
                     run = run_one(variant, n, root=root, start=start, rep=rep, args=args)
                     runs.append(run)
-                    flag = "ok" if run["ok"] else "FAILED: " + "; ".join(run["problems"])
+                    flag = verdict(run["problems"])
                     print(
                         f"  {variant:20s} N={label(n):>5s} peak RSS {run['peak_rss_mb']:8.1f} MB"
                         f"  (at close {run['rss_at_close_mb']:7.1f} MB)"

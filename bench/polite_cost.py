@@ -12,7 +12,8 @@ Three hosts x ``--pages`` pages, ``--latency-ms`` (20) per page. Variants, inter
 Figures: pages/s, CPU seconds (user+system of the crawl process, all threads, from
 ``wait4``), CPU ratio against stock in the same round, and database round trips per page
 (``reliability/db/round_trips``: every statement, BEGIN and COMMIT the frontier sent).
-Medians over ``--repeat`` rounds. Exit status 1 if a crawl fails or a page is missing.
+Medians over ``--repeat`` rounds. Exit status 1 if a crawl fails or a page is missing
+(``_common.crawl_problems``).
 
     python bench/polite_cost.py [--pages 400] [--repeat 3] [--variants ...] [--json out.json]
 """
@@ -33,11 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     PG_ADMIN_URL,
     PostgresDatabase,
+    crawl_problems,
     machine_line,
     median,
     run_crawl,
     sigterm_raises,
     snapshot_package,
+    verdict,
 )
 
 VARIANTS = ("stock", "reliability-sqlite", "reliability-postgres")
@@ -78,13 +81,8 @@ def run_variant(
             db.__exit__(None, None, None)
     st = res.stats
     pages = int(st.get("response_received_count", 0))
-    items = int(st.get("item_scraped_count", 0))
     trips = int(st.get("reliability/db/round_trips", 0))
-    problems = []
-    if res.exit_code != 0 or res.timed_out:
-        problems.append(f"exit status {res.exit_code}{' (timed out)' if res.timed_out else ''}")
-    if items < 3 * args.pages:
-        problems.append(f"items {items} < {3 * args.pages}")
+    problems = crawl_problems(st, res.exit_code, timed_out=res.timed_out, items=3 * args.pages)
     if problems:
         print(f"--- {variant} log tail ---\n{res.log_tail()}", file=sys.stderr)
     elapsed = float(st.get("elapsed_time_seconds", res.wall_seconds) or res.wall_seconds)
@@ -136,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                         variant, root=root, start_urls=site.start_urls(), round_no=r, args=args
                     )
                     runs.append(run)
-                    status = "ok" if run["ok"] else run["problems"]
+                    status = verdict(run["problems"])
                     print(
                         f"round {r} {variant:22s} {run['pages_per_s']:6.2f} pages/s  "
                         f"cpu {run['cpu_s']:6.1f} s  round trips/page "

@@ -50,8 +50,8 @@ written), domain the host, priority 0, ``not_before`` 0.
 * Done rows (``--done``), both backends: inserted directly in the state an ack leaves
   (``state = 'done'``, lease columns NULL, ``updated_at`` set; what
   ``SqliteHotSql.settle``/``PostgresHotSql.settle`` write), by the frontier's INSERT text
-  with ``'done'`` for ``'pending'`` (SQLite, executemany) or COPY (PostgreSQL); the
-  pending rows after them as above.
+  and parameters with ``'done'`` for ``'pending'`` (SQLite, executemany) or COPY
+  (PostgreSQL); the pending rows after them as above.
 
 **Scrapy's JOBDIR** for comparison (``--stock-sizes``): the ``queued`` spider of
 memory_queued.py under Scrapy's stock scheduler with ``JOBDIR`` set (its disk queue and
@@ -90,10 +90,12 @@ from _common import (
     PG_ADMIN_URL,
     PostgresDatabase,
     crawl_env,
+    crawl_problems,
     machine_line,
     run_crawl,
     sigterm_raises,
     snapshot_package,
+    verdict,
 )
 
 #: The site's hosts: 100 loopback addresses, one domain each.
@@ -287,6 +289,7 @@ def fill_frontier(
 
 
 def _bulk_rows(job_id: int, state: str, port: int, start: int, n: int) -> Iterator[tuple[Any, ...]]:
+    """The rows of COPY (PostgreSQL), in the order of ``INSERT_COLUMNS``."""
     now = time.time()
     for i in range(start, start + n):
         key, domain, u, payload = row_values(i, port)
@@ -316,26 +319,29 @@ def fill_bulk(
         return
     import sqlite3
 
+    from scrapy_reliability.frontier import NewRequest
     from scrapy_reliability.frontier.hotsql import SqliteHotSql
 
-    sql = SqliteHotSql()._insert_sql(1).replace("'pending'", f"'{state}'")
-    conn = sqlite3.connect(db.path, isolation_level=None)
+    hot = SqliteHotSql()
+    sql = hot._insert_sql(1).replace("'pending'", f"'{state}'")
+    now = time.time()
+    lite = sqlite3.connect(db.path, isolation_level=None)
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        rows = _bulk_rows(job_id, state, port, start, n)
-        while True:
+        lite.execute("PRAGMA journal_mode=WAL")
+        lite.execute("PRAGMA synchronous=NORMAL")
+        for first in range(start, start + n, 100_000):
+            # One row's parameters as the frontier's own INSERT takes them.
             chunk = [
-                (r[0], r[1], r[3], r[4], r[5], r[6], r[7], r[9], r[10])
-                for _, r in zip(range(100_000), rows, strict=False)
+                hot._insert_params(job_id, [NewRequest(key, 0, domain, url, payload)], now)
+                for key, domain, url, payload in (
+                    row_values(i, port) for i in range(first, min(first + 100_000, start + n))
+                )
             ]
-            if not chunk:
-                break
-            conn.execute("BEGIN")
-            conn.executemany(sql, chunk)
-            conn.execute("COMMIT")
+            lite.execute("BEGIN")
+            lite.executemany(sql, chunk)
+            lite.execute("COMMIT")
     finally:
-        conn.close()
+        lite.close()
 
 
 def after_fill(db: Database) -> float:
@@ -566,15 +572,11 @@ def run_worker_crawl(
     st = res.stats
     log = res.log_path.read_text(errors="replace") if res.log_path else ""
     resumed = [line for line in log.splitlines() if "Resuming job" in line]
-    problems = []
-    if res.timed_out:
-        problems.append("timed out")
-    if st.get("finish_reason") != "closespider_timeout":
-        problems.append(f"finish_reason {st.get('finish_reason')!r}")
+    problems = crawl_problems(
+        st, res.exit_code, timed_out=res.timed_out, finish_reason="closespider_timeout"
+    )
     if not resumed:
         problems.append("no 'Resuming job' line: the filled job was not resumed")
-    if st.get("log_count/ERROR"):
-        problems.append(f"{st['log_count/ERROR']} ERROR log lines")
     responses = int(st.get("response_received_count", 0))
     if responses < 100:
         problems.append(f"only {responses} responses")
@@ -680,7 +682,7 @@ def measure(
                     " not measurable"
                 )
             run["crawl"] = crawl
-            flag = "ok" if crawl["ok"] else "FAILED: " + "; ".join(crawl["problems"])
+            flag = verdict(crawl["problems"])
             print(
                 f"    crawl: peak RSS {crawl['peak_rss_mb']:.1f} MB, {crawl['responses']}"
                 f" responses in {crawl['elapsed_s']} s, exit {crawl['exit_code']}; {flag};"
@@ -712,9 +714,9 @@ def stock_jobdir(n: int, *, root: Path, start: str, args: argparse.Namespace) ->
     files = {str(p.relative_to(jobdir)): p.stat().st_size for p in jobdir.rglob("*") if p.is_file()}
     total = sum(files.values())
     seen = sum(v for k, v in files.items() if k == "requests.seen")
-    problems = []
-    if st.get("finish_reason") != "bench_done":
-        problems.append(f"finish_reason {st.get('finish_reason')!r}")
+    problems = crawl_problems(
+        st, res.exit_code, timed_out=res.timed_out, finish_reason="bench_done"
+    )
     if int(st.get("scheduler/enqueued/disk", 0)) < n:
         problems.append(f"scheduler/enqueued/disk {st.get('scheduler/enqueued/disk')}")
     out = {
@@ -734,8 +736,7 @@ def stock_jobdir(n: int, *, root: Path, start: str, args: argparse.Namespace) ->
     print(
         f"  stock JOBDIR {label(n):>5s}: {total / 1e6:.1f} MB ({total / n:.0f} B/request;"
         f" requests.seen {seen / 1e6:.1f} MB, queue {(total - seen) / 1e6:.1f} MB in"
-        f" {len(files)} files), wall {res.wall_seconds:.0f} s"
-        f" {'ok' if not problems else 'FAILED: ' + '; '.join(problems)}",
+        f" {len(files)} files), wall {res.wall_seconds:.0f} s {verdict(problems)}",
         flush=True,
     )
     return out

@@ -11,7 +11,8 @@ For each run: a fresh database; all N workers are started at once with
 ``RELIABILITY_JOB=scale``; the time is from the first start to the last exit
 (start-up included); pages = the sum of the workers' ``response_received_count``;
 round trips = the sum of their ``reliability/db/round_trips`` (every statement, BEGIN
-and COMMIT the frontier sent). Exit status 1 if a worker fails or a page is missing.
+and COMMIT the frontier sent). Exit status 1 if a worker fails (``_common.crawl_problems``)
+or the workers' items together miss a page.
 
     python bench/scaling.py [--pages 300] [--workers 1,2,4] [--repeat 2]
         [--latency-ms 200] [--concurrency 4] [--pg-admin-url URL] [--set NAME=VALUE ...]
@@ -36,10 +37,13 @@ from _common import (
     PG_ADMIN_URL,
     PostgresDatabase,
     crawl_env,
+    crawl_problems,
     machine_line,
     median,
+    read_stats,
     sigterm_raises,
     snapshot_package,
+    verdict,
 )
 
 
@@ -81,19 +85,28 @@ def run_workers(
                     env=crawl_env(reliability=True),
                 )
             )
-        codes = [p.wait(timeout=args.timeout) for p in procs]
+        try:
+            codes = [p.wait(timeout=args.timeout) for p in procs]
+        finally:  # timed out or interrupted: leave no worker behind
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         wall = time.monotonic() - started
-    stats = [json.loads((workdir / f"worker{i}.stats.json").read_text()) for i in range(n)]
+    stats = [read_stats(workdir / f"worker{i}.stats.json") for i in range(n)]
     pages = sum(int(s.get("response_received_count", 0)) for s in stats)
     items = sum(int(s.get("item_scraped_count", 0)) for s in stats)
     trips = sum(int(s.get("reliability/db/round_trips", 0)) for s in stats)
-    problems = [f"worker {i} exit status {c}" for i, c in enumerate(codes) if c != 0]
-    for i, c in enumerate(codes):
-        if c != 0:
+    problems = []
+    for i, (code, st) in enumerate(zip(codes, stats, strict=True)):
+        # Each worker on its own; the pages are shared, so items only in total.
+        mine = crawl_problems(st, code)
+        problems += [f"worker {i}: {p}" for p in mine]
+        if mine:
             tail = (workdir / f"worker{i}.log").read_text(errors="replace")[-4000:]
             print(f"--- worker {i} log tail ---\n{tail}", file=sys.stderr)
     if items < 3 * args.pages:
-        problems.append(f"items {items} < pages {3 * args.pages}")
+        problems.append(f"items {items} < pages {3 * args.pages} (all workers)")
     return {
         "workers": n,
         "round": round_no,
@@ -152,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                         n, root=root, start_urls=site.start_urls(), round_no=r, args=args
                     )
                     runs.append(run)
-                    flag = "ok" if run["ok"] else "FAILED: " + "; ".join(run["problems"])
+                    flag = verdict(run["problems"])
                     print(
                         f"  round {r} {n} worker(s) {run['wall_s']:6.1f} s  "
                         f"{run['pages_per_s']:6.1f} pages/s  "

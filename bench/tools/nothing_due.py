@@ -7,13 +7,13 @@ domain`` over every pending and leased row of the job: O(rows), 27 s at 10M pend
 SQLite (bench/README.md, "Scale"). It is now a walk of the partial index
 ``ix_reliability_requests_pending_due`` (job, domain, not_before), one domain at a time.
 
-    python bench/nothing_due.py [--rows 100000,1000000] [--domains 100] [--repeat 5]
+    python bench/tools/nothing_due.py [--rows 100000,1000000] [--domains 100] [--repeat 5]
         [--backends sqlite,postgres] [--pg-admin-url URL]
 
 For each backend and size: a fresh frontier (``Frontier.connect``, so at the schema's
 head, with the index), one job of N pending rows spread over ``--domains`` domains with
-random ``not_before`` and 64 rows leased by two workers, filled with one bulk INSERT
-(``executemany``; PostgreSQL then ``VACUUM ANALYZE``). Timed, ``--repeat`` times each,
+random ``not_before`` and 64 rows leased by two workers, filled with bulk INSERTs
+(``_common.fill_job``; PostgreSQL then ``VACUUM ANALYZE``). Timed, ``--repeat`` times each,
 alternating: the query the claim runs now (``frontier.claim.DUE_AND_LEASED``) and the
 old ``GROUP BY`` statement (kept here, verbatim); each in its own transaction. Both must
 return the same earliest ``not_before`` per domain and the same leased counts, or the
@@ -23,7 +23,6 @@ benchmark stops. Prints the medians and their ratio.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import tempfile
@@ -31,13 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import case, func, insert, select, text
+from sqlalchemy import case, func, select
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+BENCH = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(BENCH.parent))  # scrapy_reliability from this repository
+sys.path.insert(0, str(BENCH))  # _common
 
-from _common import PG_ADMIN_URL, PostgresDatabase  # noqa: E402
+from _common import PG_ADMIN_URL, PostgresDatabase, fill_job  # noqa: E402
 
 from scrapy_reliability.frontier import Frontier  # noqa: E402
 from scrapy_reliability.frontier.claim import DUE_AND_LEASED  # noqa: E402
@@ -62,52 +61,6 @@ def old_statement(job_id: int, worker_id: str) -> Any:
     )
 
 
-def fill(
-    frontier: Frontier, rows: int, domains: int, *, leased: int = 64, spread: float = 3600.0
-) -> int:
-    """One job of ``rows`` rows over ``domains`` domains, the first ``leased`` of them
-    leased by two workers (``w1``, ``w2``), the others pending, each due at a random
-    moment within ``spread`` seconds from now (0: due now); one bulk INSERT."""
-    job_id = frontier.open_job("bench", "s").id
-    rng = random.Random(15)
-    now = time.time()
-    chunk: list[dict[str, Any]] = []
-
-    def flush() -> None:
-        with frontier.engine.begin() as conn:
-            conn.execute(insert(requests), chunk)
-        chunk.clear()
-
-    for i in range(rows):
-        held = i < leased
-        chunk.append(
-            {
-                "job_id": job_id,
-                "fingerprint": f"{i:040x}",
-                "state": LEASED if held else PENDING,
-                "priority": 0,
-                "domain": f"shop{i % domains}.example.com",
-                "url": f"https://shop{i % domains}.example.com/item/{i}",
-                "payload": "{}",
-                "not_before": now + rng.random() * spread if spread else 0.0,
-                "attempts": 0,
-                "created_at": now,
-                "updated_at": now,
-                "worker_id": (WORKER if i % 2 else "w2") if held else None,
-                "lease_token": f"t{i}" if held else None,
-                "lease_expires_at": now + 600 if held else None,
-            }
-        )
-        if len(chunk) >= 50_000:
-            flush()
-    if chunk:
-        flush()
-    if frontier.engine.dialect.name == "postgresql":
-        with frontier.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("VACUUM ANALYZE reliability_requests"))
-    return job_id
-
-
 def summary(found: list[Any]) -> tuple[dict[str, float], dict[tuple[str, int], int]]:
     due = {r.domain: float(r.due) for r in found if r.state == PENDING}
     leased = {(r.domain, int(r.mine)): int(r.n) for r in found if r.state == LEASED}
@@ -118,7 +71,7 @@ def measure(url: str, rows: int, domains: int, repeat: int) -> dict[str, float]:
     frontier = Frontier.connect(url)
     try:
         started = time.perf_counter()
-        job_id = fill(frontier, rows, domains)
+        job_id = fill_job(frontier, rows, domains, worker=WORKER)
         fill_s = time.perf_counter() - started
         statements = {
             "index walk": DUE_AND_LEASED.params(job_id=job_id, worker_id=WORKER),

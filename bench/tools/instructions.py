@@ -17,7 +17,7 @@ database thread ("db": the one whose counts are not main's and that ran the most
 after main), the rest. ``--baseline-rev REV`` adds each reliability variant at git
 revision REV. Every crawl must finish with all its items, as in ``crawl_throughput.py``.
 
-    python bench/instructions.py [--pages 100] [--repeat 1]
+    python bench/tools/instructions.py [--pages 100] [--repeat 1]
         [--variants stock-memory,reliability-sqlite,reliability-postgres]
         [--baseline-rev REV] [--set NAME=VALUE ...] [--json out.json]
 """
@@ -36,19 +36,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: _common
 
 from _common import (
     _LAUNCHER,
     PG_ADMIN_URL,
     PostgresDatabase,
     crawl_env,
+    crawl_problems,
     extract_revision_into,
     machine_line,
     median,
+    read_stats,
     sigterm_raises,
     snapshot_package,
     variants_with_baseline,
+    verdict,
     wait_for_file,
 )
 
@@ -147,16 +150,9 @@ def counted_crawl(
     finally:
         if db is not None:
             db.__exit__(None, None, None)
-    stats: dict[str, Any] = json.loads(stats_path.read_text()) if stats_path.exists() else {}
+    stats = read_stats(stats_path)
     pages = int(stats.get("response_received_count", 0))
-    if code != 0:
-        problems.append(f"exit status {code}")
-    if stats.get("finish_reason") != "finished":
-        problems.append(f"finish_reason {stats.get('finish_reason')!r}")
-    if stats.get("log_count/ERROR"):
-        problems.append(f"{stats['log_count/ERROR']} ERROR log lines")
-    if stats.get("item_scraped_count") != 3 * args.pages:
-        problems.append(f"{stats.get('item_scraped_count')} items, not {3 * args.pages}")
+    problems += crawl_problems(stats, code, items=3 * args.pages)
     by_thread = _instructions(workdir, tag)
     main = by_thread.pop(1, 0)  # callgrind numbers the first thread 1
     db_ir = max(by_thread.values(), default=0) if reliability else 0
@@ -213,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                         variant, root=root, start_urls=site.start_urls(), round_no=r, args=args
                     )
                     runs.append(run)
-                    flag = "ok" if run["ok"] else "FAILED: " + "; ".join(run["problems"])
+                    flag = verdict(run["problems"])
                     print(
                         f"  round {r} {variant:30s} {run['ir_per_page'] / 1e6:7.2f} M instr/page"
                         f" (main {run['main_ir_per_page'] / 1e6:6.2f}, db "

@@ -36,10 +36,10 @@ and other. Stacks of asyncio/Twisted alone are the event loop: polling and being
 from another thread (``select``, the self-pipe, ``callFromThread``) apart from the rest.
 ``--stacks N`` prints the N heaviest deciding and innermost frames of each component.
 
-    python bench/profile_cpu.py [--pages 3000] [--repeat 3] [--rate 200]
+    python bench/tools/profile_cpu.py [--pages 3000] [--repeat 3] [--rate 200]
         [--variants stock-memory,reliability-sqlite,reliability-postgres]
         [--json out.json] [--keep] [--stacks 0]
-    python bench/profile_cpu.py --reanalyze out.json [--stacks N]   # a --keep run again
+    python bench/tools/profile_cpu.py --reanalyze out.json [--stacks N]   # a --keep run again
 """
 
 from __future__ import annotations
@@ -59,18 +59,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: _common
 
 from _common import (
     _LAUNCHER,
     PG_ADMIN_URL,
     PostgresDatabase,
     crawl_env,
+    crawl_problems,
     machine_line,
     median,
+    read_stats,
     sigterm_raises,
     snapshot_package,
     variants_with_baseline,
+    verdict,
     wait_for_file,
 )
 
@@ -381,8 +384,10 @@ def profiled_crawl(
     settings: dict[str, str],
     rate: int,
     timeout: float,
+    items: int,
 ) -> dict[str, Any]:
-    """Run the crawl; attach py-spy at spider_opened, stop it at spider_closed."""
+    """Run the crawl; attach py-spy at spider_opened, stop it at spider_closed. The
+    crawl must pass :func:`_common.crawl_problems` with ``items`` items."""
     workdir.mkdir(parents=True, exist_ok=True)
     gate = workdir / f"{tag}.gate"
     gate.mkdir()
@@ -458,13 +463,8 @@ def profiled_crawl(
                 proc.kill()
                 proc.wait()
         raise
-    stats: dict[str, Any] = json.loads(stats_path.read_text()) if stats_path.exists() else {}
-    if code != 0:
-        problems.append(f"exit status {code}")
-    if stats.get("finish_reason") != "finished":
-        problems.append(f"finish_reason {stats.get('finish_reason')!r}")
-    if stats.get("log_count/ERROR"):
-        problems.append(f"{stats['log_count/ERROR']} ERROR log lines")
+    stats = read_stats(stats_path)
+    problems += crawl_problems(stats, code, items=items)
     if not raw_path.exists():
         problems.append(f"no py-spy output: {spy_log.read_text()[-500:]}")
     spy_text = spy_log.read_text(errors="replace")
@@ -512,14 +512,12 @@ def run_variant(
             settings=settings,
             rate=args.rate,
             timeout=args.timeout,
+            items=3 * args.pages,
         )
     finally:
         if db is not None:
             db.__exit__(None, None, None)
     st = run["stats"]
-    items = int(st.get("item_scraped_count", 0))
-    if items != 3 * args.pages:
-        run["problems"].append(f"items {items} != pages {3 * args.pages}")
     return analyze(
         {
             "variant": variant,
@@ -716,7 +714,7 @@ def crawl_all(args: argparse.Namespace, variants: list[str]) -> tuple[str, list[
                     )
                     runs.append(run)
                     cpu = run["window_cpu_ms_per_page"]
-                    flag = "ok" if run["ok"] else "FAILED: " + "; ".join(run["problems"])
+                    flag = verdict(run["problems"])
                     print(
                         f"  round {r} {variant:22s} {run['pages']} pages "
                         f"{run['crawl_wall_s']:5.1f} s  cpu ms/page reactor {cpu['main']:.3f} "

@@ -556,3 +556,28 @@ def test_a_crawls_components_read_one_config_parsed_once(monkeypatch: pytest.Mon
     assert Config.of(changed) is first and len(parsed) == 2
     changed.settings.set("RELIABILITY_LEASE_SECONDS", 20)  # an add-on after ours
     assert Config.of(changed).lease_seconds == 20 and len(parsed) == 3
+
+
+def test_the_public_settings_module_reads_as_the_package_reads() -> None:
+    """``scrapy_reliability.settings``: a project's component gets the crawl's very
+    config, and checks its own settings with the package's messages."""
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_reliability import settings as public
+
+    crawler = get_crawler(Spider, {"RELIABILITY_ITEMS_TABLE": "scraped", "MY_RATE": "-1"})
+    assert public.config_of(crawler) is Config.of(crawler)
+    assert public.config_of(crawler).output.items_table == "scraped"
+    with pytest.raises(public.SettingError, match="MY_RATE"):
+        public.nonnegative_float(crawler.settings, "MY_RATE", 1.0, maximum=10.0)
+    assert public.bool_setting(Settings({"MY_FLAG": "true"}), "MY_FLAG", False) is True
+    assert sorted(public.__all__) == [
+        "Config",
+        "SettingError",
+        "bool_setting",
+        "config_of",
+        "mapping_setting",
+        "nonnegative_float",
+        "positive_int",
+    ]

@@ -6,8 +6,9 @@ itself, milliseconds. :func:`run_in_process` runs Scrapy's own command line
 subprocess would get, standard output and error captured, WARNING and higher log
 lines on standard error (as Python prints them in a process that configured no
 logging), and the exit status from ``sys.exit``. Everything the command changes in
-this process is put back: the working directory, the environment, ``sys.path`` and
-the project's modules it imported (another test's project has the same names).
+this process is put back: the working directory, the environment, ``sys.path``, the
+project's modules it imported (another test's project has the same names) and the
+loggers' levels and handlers (Scrapy 2.13 sets them up when its command line runs).
 
 ``tests/test_cli.py`` runs each subcommand once as a real subprocess too
 (``test_every_subcommand_runs_as_a_process``).
@@ -19,6 +20,7 @@ import contextlib
 import io
 import logging
 import os
+import platform
 import subprocess
 import sys
 import traceback
@@ -26,6 +28,12 @@ import warnings
 from pathlib import Path
 
 from scrapy import cmdline
+
+# Python 3.10 runs `uname -p` the first time the platform's processor is asked for
+# (Scrapy's and doctor's platform lines): asked here, at import, it is not a process
+# started by whichever test runs a command first.
+platform.processor()
+platform.platform()
 
 #: Where modules that stay imported live: the interpreter, the virtualenv, this repo.
 _KEEP = tuple(
@@ -43,6 +51,7 @@ def run_in_process(
     saved_path = list(sys.path)
     saved_modules = set(sys.modules)
     saved_cwd = os.getcwd()
+    saved_logging = _logging_state()
     out, err = io.StringIO(), io.StringIO()
     # Python's last-resort handler: a process without logging configured prints
     # WARNING and above, the message alone, to standard error.
@@ -70,6 +79,7 @@ def run_in_process(
                 code = 1
     finally:
         root.removeHandler(handler)
+        _restore_logging(saved_logging)
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
@@ -84,3 +94,29 @@ def run_in_process(
 def _child_env(parent: dict[str, str]) -> dict[str, str]:
     """The parent's environment less what would configure Scrapy or this package."""
     return {k: v for k, v in parent.items() if not k.startswith(("SCRAPY_", "RELIABILITY_"))}
+
+
+def _logging_state() -> dict[str, tuple[int, list[logging.Handler], bool, bool]]:
+    """Each logger's level, handlers, propagation and disabled flag (the root's as "")."""
+    loggers = {"": logging.getLogger()}
+    loggers.update(
+        (name, obj)
+        for name, obj in logging.Logger.manager.loggerDict.items()
+        if isinstance(obj, logging.Logger)
+    )
+    return {
+        name: (lg.level, list(lg.handlers), lg.propagate, lg.disabled)
+        for name, lg in loggers.items()
+    }
+
+
+def _restore_logging(saved: dict[str, tuple[int, list[logging.Handler], bool, bool]]) -> None:
+    for name, (level, handlers, propagate, disabled) in saved.items():
+        lg = logging.getLogger(name or None)
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
+        lg.propagate, lg.disabled = propagate, disabled
+    for name, obj in list(logging.Logger.manager.loggerDict.items()):
+        if name not in saved and isinstance(obj, logging.Logger):
+            obj.setLevel(logging.NOTSET)  # a logger the command created: as a new one is
+            obj.handlers.clear()

@@ -36,6 +36,7 @@ fast tier is every test that is none of ``crawl``, ``long``, ``adaptive``,
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import uuid
@@ -192,6 +193,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # Outside the fast tier by definition: they may start processes.
         if any(item.get_closest_marker(m) for m in ("slow", "long", "adaptive", "crashmatrix")):
             item.add_marker(pytest.mark.crawl)
+
+
+@pytest.fixture(autouse=True)
+def _scrapy_root_log_handler_kept() -> Iterator[None]:
+    """A test that runs Scrapy's logging setup leaves its root log handler installed,
+    and the root logger at NOTSET: from then on every crawler a test builds installs
+    it again (Scrapy 2.13 does), and later tests see DEBUG records they never asked
+    for. Each test ends with the handler and the level it started with."""
+    from scrapy.utils import log as scrapy_log
+
+    root = logging.getLogger()
+    level = root.level
+    handler = scrapy_log._scrapy_root_handler
+    yield
+    installed = scrapy_log._scrapy_root_handler
+    if installed is not handler:
+        if installed is not None and installed in root.handlers:
+            root.removeHandler(installed)
+            installed.close()
+        scrapy_log._scrapy_root_handler = handler
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,6 @@ changes is written, given the batch and a moment of the worker. The protocol tes
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -42,7 +41,7 @@ def moment(**changes: object) -> Moment:
         claim_after=lambda: math.inf,
         max_transitions=8,
     )
-    return replace(base, **changes)  # type: ignore[arg-type]
+    return base._replace(**changes)
 
 
 def links(n: int) -> WriteBatch:
@@ -82,15 +81,15 @@ def test_a_write_is_urgent_with_the_linger_off_for_a_failed_writes_parts_and_whe
 
 def test_a_worker_with_nothing_to_start_writes_what_a_claim_could_take_now() -> None:
     idle = moment(has_work=False)
-    assert batches.urgent(acks(1), replace(idle, claim_after=lambda: NOW))
-    assert batches.urgent(acks(1), replace(idle, claim_after=lambda: NOW + AFTER_CLAIM))
+    assert batches.urgent(acks(1), idle._replace(claim_after=lambda: NOW))
+    assert batches.urgent(acks(1), idle._replace(claim_after=lambda: NOW + AFTER_CLAIM))
     # Due later: the write waits for the claim due then and rides with it.
-    later = replace(idle, claim_after=lambda: NOW + 0.3)
+    later = idle._replace(claim_after=lambda: NOW + 0.3)
     assert not batches.urgent(acks(1), later)
     assert batches.delay(acks(1), later) == pytest.approx(0.3 + AFTER_CLAIM)
     # Changes that call for no claim, and no claim coming: the crawl may be ending.
     assert batches.urgent(acks(1), idle)
-    assert not batches.urgent(acks(1), replace(idle, next_claim_at=NOW + 2))
+    assert not batches.urgent(acks(1), idle._replace(next_claim_at=NOW + 2))
     # A worker with work does not ask.
     assert not batches.urgent(acks(1), moment(claim_after=never))
 
@@ -108,10 +107,10 @@ def test_the_linger_is_the_setting_when_paced_and_brief_at_full_speed() -> None:
 def test_a_claim_due_before_the_linger_ends_carries_the_write() -> None:
     paced = moment(paced=lambda: True, next_claim_at=NOW + 0.25)
     assert batches.delay(acks(1), paced) == pytest.approx(0.25 + AFTER_CLAIM)
-    assert batches.delay(acks(1), replace(paced, next_claim_at=NOW + 3)) == 1.0
-    assert batches.delay(acks(1), replace(paced, next_claim_at=NOW - 1)) == 1.0  # overdue
+    assert batches.delay(acks(1), paced._replace(next_claim_at=NOW + 3)) == 1.0
+    assert batches.delay(acks(1), paced._replace(next_claim_at=NOW - 1)) == 1.0  # overdue
     # With work, the claim the changes call for is not read: the next claim is.
-    assert batches.delay(acks(1), replace(paced, claim_after=never)) == pytest.approx(0.26)
+    assert batches.delay(acks(1), paced._replace(claim_after=never)) == pytest.approx(0.26)
 
 
 @given(

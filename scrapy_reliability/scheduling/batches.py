@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from scrapy_reliability.frontier import Outcome, WriteBatch
 
@@ -39,9 +39,9 @@ BUSY_LINGER = 0.02
 AFTER_CLAIM = 0.01
 
 
-@dataclass(frozen=True)
-class Moment:
-    """What the rules read of the worker when a write is scheduled. The two costly
+class Moment(NamedTuple):
+    """What the rules read of the worker when a write is scheduled (built on every
+    change buffered while a write lingers: a tuple, cheap to build). The two costly
     values are functions, called only when a rule needs them."""
 
     #: Seconds, on the scheduler's clock.

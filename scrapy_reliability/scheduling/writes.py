@@ -216,7 +216,10 @@ class WritePipeline:
     def _rescheduled(self) -> bool:
         """Whether what joined a lingering write changes its time: it turned urgent,
         or an ack joined new requests lingering briefly (``batches.streaming``)."""
-        return self.urgent() or (self._streamed and not self.streaming())
+        moment = self._moment()
+        if batches.urgent(self.batch, moment):
+            return True
+        return self._streamed and not batches.streaming(self.batch, moment)
 
     # -- writing ------------------------------------------------------------------------------
 

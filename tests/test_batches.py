@@ -5,6 +5,8 @@ changes is written, given the batch and a moment of the worker. The protocol tes
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import given
@@ -18,7 +20,6 @@ from scrapy_reliability.scheduling.batches import (
     LINGER_ROWS,
     STREAM_LINGER,
     STREAM_ROWS,
-    Moment,
 )
 
 NOW = 1000.0
@@ -28,7 +29,20 @@ def never() -> float:
     raise AssertionError("a rule read a value it did not need")
 
 
-def moment(**changes: object) -> Moment:
+class Moment(NamedTuple):
+    """A ``batches.Moment`` of plain values (the two costly ones as functions)."""
+
+    now: float
+    write_linger: float
+    split: bool
+    has_work: bool
+    next_claim_at: float
+    paced: Callable[[], bool]
+    claim_after: Callable[[], float]
+    max_transitions: int = 8
+
+
+def moment(**changes: Any) -> Moment:
     """A worker at full speed: claimed requests to start, none paced, no claim due
     before a write of its own, the default linger (1 s)."""
     base = Moment(

@@ -1,16 +1,17 @@
 """When a batch of frontier changes is written: at once, or after lingering for more
 changes to share its transaction or for a claim to ride on it; and on which thread.
 
-The rules and their constants, pure: plain values in, a decision out. The write
-pipeline (``WritePipeline`` in ``writes``) gathers the values: its batch, and a
-:class:`Moment` of the claim buffer's. Splitting a refused batch is in ``splits``.
+The rules and their constants, pure: values in, a decision out, nothing changed. The
+write pipeline (``WritePipeline`` in ``writes``) gives the values: its batch, and a
+:class:`Moment` that reads its state and the claim buffer's (``write_moment``).
+Splitting a refused batch is in ``splits``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Protocol
 
 from scrapy_reliability.frontier import Outcome, WriteBatch
 
@@ -39,30 +40,44 @@ BUSY_LINGER = 0.02
 AFTER_CLAIM = 0.01
 
 
-class Moment(NamedTuple):
-    """What the rules read of the worker when a write is scheduled (built on every
-    change buffered while a write lingers: a tuple, cheap to build). The two costly
-    values are functions, called only when a rule needs them."""
+class Moment(Protocol):
+    """What the rules read of the worker when a write is scheduled: each value read
+    only when a rule needs it (the write pipeline answers from its state and the claim
+    buffer's, with nothing built per call: it is asked on every change buffered while
+    a write lingers)."""
 
-    #: Seconds, on the scheduler's clock.
-    now: float
-    #: ``RELIABILITY_WRITE_LINGER``: the longest a write lingers (0: never).
-    write_linger: float
-    #: Parts of a failed write wait: they go at once, before anything newer.
-    split: bool
-    #: The worker holds claimed requests to start.
-    has_work: bool
-    #: When the worker claims next unless a write changes that (infinity: not
-    #: before a write of its own lands).
-    next_claim_at: float
-    #: A buffered request waits for its token's time (a rate limit paces the worker).
-    paced: Callable[[], bool]
-    #: When landing the batch makes a claim worth its transaction (see
-    #: ``ClaimBuffer.claim_after``).
-    claim_after: Callable[[], float]
-    #: Buffered transitions from which a write is urgent (the engine's in-flight
-    #: bound counts the leases they end).
-    max_transitions: int = 8
+    @property
+    def now(self) -> float:
+        """Seconds, on the scheduler's clock."""
+
+    @property
+    def write_linger(self) -> float:
+        """``RELIABILITY_WRITE_LINGER``: the longest a write lingers (0: never)."""
+
+    @property
+    def split(self) -> bool:
+        """Parts of a failed write wait: they go at once, before anything newer."""
+
+    @property
+    def has_work(self) -> bool:
+        """The worker holds claimed requests to start."""
+
+    @property
+    def next_claim_at(self) -> float:
+        """When the worker claims next unless a write changes that (infinity: not
+        before a write of its own lands)."""
+
+    @property
+    def max_transitions(self) -> int:
+        """Buffered transitions from which a write is urgent (the engine's in-flight
+        bound counts the leases they end)."""
+
+    def paced(self) -> bool:
+        """A buffered request waits for its token's time (a rate limit paces it)."""
+
+    def claim_after(self) -> float:
+        """When landing the batch makes a claim worth its transaction (see
+        ``ClaimBuffer.claim_after``)."""
 
 
 def streaming(batch: WriteBatch, m: Moment) -> bool:

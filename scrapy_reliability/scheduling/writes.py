@@ -37,6 +37,7 @@ from scrapy_reliability.scheduling.leases import LeaseBook
 from scrapy_reliability.scheduling.local_politeness import report_adapted
 from scrapy_reliability.scheduling.splits import halves, units
 from scrapy_reliability.scheduling.storage import StorageHealth
+from scrapy_reliability.scheduling.write_moment import PipelineMoment
 from scrapy_reliability.scheduling.written import WrittenRequests
 
 if TYPE_CHECKING:
@@ -120,6 +121,8 @@ class WritePipeline:
         #: Transitions buffered that make a write urgent (the engine's in-flight
         #: bound counts the leases they end).
         self.urgent_transitions = urgent_transitions
+        #: What the linger rules (``batches``) read of this pipeline, when they read it.
+        self._moment = PipelineMoment(self)
 
     def pending(self) -> bool:
         """Anything buffered, split or being written."""
@@ -159,31 +162,13 @@ class WritePipeline:
         self.batch.domain_updates.append(update)
         self.schedule()
 
-    def _moment(self) -> batches.Moment:
-        """What the linger rules (``batches``) read of this worker now."""
-        claims = self.claims
-        return batches.Moment(
-            now=self.ctx.clock.seconds(),
-            write_linger=self.ctx.config.write_linger,
-            split=bool(self.split),
-            has_work=bool(claims.ready),
-            next_claim_at=claims.next_claim_at(),
-            paced=claims.holds_for_later,
-            claim_after=self._claim_after,
-            max_transitions=self.urgent_transitions,
-        )
-
     def urgent(self) -> bool:
         """Whether the buffered changes should be written now (``batches.urgent``)."""
-        return batches.urgent(self.batch, self._moment())
+        return batches.urgent(self.batch, self._moment)
 
     def streaming(self) -> bool:
         """New requests only wait for more (``batches.streaming``), linger on."""
-        return batches.streaming(self.batch, self._moment())
-
-    def _claim_after(self) -> float:
-        """When landing the buffered changes makes a claim worth its transaction."""
-        return self.claims.claim_after(*claim_inputs(self.batch, self._lease_domain))
+        return batches.streaming(self.batch, self._moment)
 
     def _backpressure(self) -> None:
         """A callback yields requests faster than they are written: wait for the
@@ -207,7 +192,7 @@ class WritePipeline:
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._scheduled = True
-        moment = self._moment()
+        moment = self._moment
         self._lingering = not batches.urgent(self.batch, moment)
         self._streamed = self._lingering and batches.streaming(self.batch, moment)
         delay = batches.delay(self.batch, moment) if self._lingering else 0.0
@@ -216,7 +201,7 @@ class WritePipeline:
     def _rescheduled(self) -> bool:
         """Whether what joined a lingering write changes its time: it turned urgent,
         or an ack joined new requests lingering briefly (``batches.streaming``)."""
-        moment = self._moment()
+        moment = self._moment
         if batches.urgent(self.batch, moment):
             return True
         return self._streamed and not batches.streaming(self.batch, moment)
@@ -281,9 +266,9 @@ class WritePipeline:
         """Whether landing ``batch`` would make the worker claim at once."""
         if not batch.transitions and not batch.inserts:
             return False
-        return self.claims.carry_with(*claim_inputs(batch, self._lease_domain))
+        return self.claims.carry_with(*claim_inputs(batch, self.lease_domain))
 
-    def _lease_domain(self, request_id: int) -> str | None:
+    def lease_domain(self, request_id: int) -> str | None:
         lease = self.leases.get(request_id)
         return None if lease is None else lease.domain
 

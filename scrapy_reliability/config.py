@@ -303,7 +303,10 @@ class Config:
         checks them before add-ons after it have run; Scrapy freezes them before it
         builds the engine)."""
         settings = crawler.settings
-        kept = _BY_CRAWLER.get(crawler)
+        try:
+            kept = _BY_CRAWLER.get(crawler)
+        except TypeError:  # a stand-in for a crawler that cannot be weakly referenced
+            return cls.from_settings(settings)
         if kept is not None and kept[0] is None:
             return kept[1]  # parsed from settings since frozen
         snapshot = _snapshot(settings)
@@ -461,5 +464,6 @@ _BY_CRAWLER: weakref.WeakKeyDictionary[Any, tuple[str | None, Config]] = weakref
 
 
 def _snapshot(settings: BaseSettings) -> str:
-    """The settings' values as one string: equal while none changed."""
-    return json.dumps(settings.copy_to_dict(), sort_keys=True, default=repr)
+    """The settings' values as one string: equal while none changed. Any value a
+    project sets is taken as it is (a dict with keys of mixed types, an object)."""
+    return repr(sorted((str(name), repr(value)) for name, value in settings.copy_to_dict().items()))

@@ -218,10 +218,16 @@ SETTLE_SINGLE, AUTOCOMMIT = "settle-single", "autocommit"
 def role_of(sql: str) -> str:
     if sql == "BEGIN IMMEDIATE":
         return BEGIN
-    if sql.startswith("WITH done AS (UPDATE reliability_requests AS r SET state = "):
+    if sql.startswith("WITH settling AS (SELECT e FROM json_array_elements("):
         return SETTLE_SINGLE
+    if sql.startswith("UPDATE reliability_requests SET state = s.state"):
+        return SETTLE_SINGLE  # SQLite's: the settlements as one JSON text
     if sql.startswith("WITH due AS (SELECT id, domain, priority, claim_order FROM "):
         return LEASE_DUE
+    if sql.startswith("UPDATE reliability_requests SET state = 'leased'") and (
+        "WHERE id IN (SELECT id FROM (SELECT id, domain" in sql
+    ):
+        return LEASE_DUE  # SQLite's: the lease of the candidates, one statement
     if "SELECT id, domain, priority, claim_order FROM reliability_requests" in sql:
         return CANDIDATES
     if sql.startswith("UPDATE reliability_requests SET state = 'leased'"):
@@ -277,6 +283,8 @@ def build_params(
     if role == CANDIDATES:
         return (job, now, job, now, limit)
     if role == LEASE_DUE:
+        if sqlite:
+            return (token, WORKER, now + LEASE_SECONDS, now, job, now, job, now, limit)
         return (job, now, job, now, limit, token, WORKER, now + LEASE_SECONDS, now)
     if role == LEASE:
         expires = now + LEASE_SECONDS
@@ -292,7 +300,8 @@ def build_params(
     if role == SETTLE:
         return ("done", now, *ids, token) if sqlite else ("done", now, list(ids), token)
     if role == SETTLE_SINGLE:
-        return (now, _settles_json(ids, token))
+        settles = _settles_json(ids, token)
+        return (now, settles) if sqlite else (settles, now)
     if role == BEGIN:
         return ()
     raise AssertionError(role)
@@ -330,6 +339,17 @@ def record(url: str, backend: str, rows: Sequence[NewRequest], batch: int) -> Sc
     # statement events: record them where they are sent.
     hot = frontier._sql
     if isinstance(hot, SqliteHotSql):
+        # Its one-statement writes (``SqliteHotSql.write_single``) are their own
+        # transaction: no BEGIN, no COMMIT.
+        write_single = hot.write_single
+
+        def logged_write_single(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return write_single(*args, **kwargs)
+            finally:
+                log.append((AUTOCOMMIT, None))
+
+        hot.write_single = logged_write_single  # type: ignore[method-assign]
 
         def on_begin(conn: Any) -> None:
             read_only = conn.get_execution_options().get(READ_ONLY, False)
@@ -397,7 +417,8 @@ def _steps(backend: str, log: list[tuple[str, Any]], **inputs: Any) -> list[Step
         built = build_params(backend, role, **inputs)
         if role == LEASE_DUE and not inputs["ids"]:
             # A claim that finds nothing still binds a fresh token, which no row shows.
-            built = (*built[:5], params[5], *built[6:])
+            at = 0 if backend == "sqlite" else 5
+            built = (*built[:at], params[at], *built[at + 1 :])
         if tuple(built) != tuple(params):
             raise SystemExit(
                 f"claim_raw: the frontier bound other parameters for {role}:\n{sql}\n"
@@ -496,7 +517,10 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
                     conn.execute(sql).close()
                 elif role == LEASE_DUE:
                     params = (job, now, job, now, batch, token, WORKER, now + LEASE_SECONDS, now)
-                    if _single_claim(sql):
+                    if sqlite:  # one statement, its own transaction (autocommit)
+                        params = (*params[5:], *params[:5])
+                        ids = [r[0] for r in conn.execute(sql, params).fetchall()]
+                    elif _single_claim(sql):
                         ids = [r[0] for r in _autocommit(conn, sql, params)[2] or ()]
                     else:
                         ids = [r[0] for r in conn.execute(sql, params).fetchall()]
@@ -515,6 +539,8 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
                 if step.role == COMMIT:
                     calls += not sqlite  # the frontier counts the transaction's begin
                     conn.commit()
+                elif step.role == BEGIN:  # the rest of a short claim, in a transaction
+                    conn.execute(step.sql).close()
                 elif step.role == LEASE:
                     expires = now + LEASE_SECONDS
                     if sqlite:
@@ -545,8 +571,11 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
                 elif role == SETTLE:
                     params = ("done", now, *ids, token) if sqlite else ("done", now, ids, token)
                     held = {r[0] for r in conn.execute(sql, params).fetchall()}
+                elif role == SETTLE_SINGLE and sqlite:  # its own transaction (autocommit)
+                    params = (now, _settles_json(ids, token))
+                    held = {r[0] for r in conn.execute(sql, params).fetchall()}
                 elif role == SETTLE_SINGLE:
-                    held = set(_autocommit(conn, sql, (now, _settles_json(ids, token)))[1] or ())
+                    held = set(_autocommit(conn, sql, (_settles_json(ids, token), now))[1] or ())
                 else:
                     raise AssertionError(role)
             if len(held) != len(ids):

@@ -192,7 +192,7 @@ class PostgresHotSql(HotSql):
                 ),
             )
         if settles:
-            params += (now, _dumps(settles))
+            params += (_dumps(settles), now)
         if positions:
             params += (now, _dumps(list(output.positions)), job_id)
         if sink is not None:
@@ -226,12 +226,17 @@ class PostgresHotSql(HotSql):
             )
         columns.append("(SELECT json_agg(fingerprint) FROM ins)" if inserts else "NULL")
         if settles:
+            ctes.append(f"settling AS (SELECT e FROM json_array_elements({p}::json) AS e)")
             ctes.append(
                 f"done AS (UPDATE {table} AS r SET state = v.e->>2, lease_token = NULL, "
                 f"worker_id = NULL, lease_expires_at = NULL, updated_at = {p} "
-                f"FROM json_array_elements({p}::json) AS v(e) "
-                f"WHERE r.id = (v.e->>0)::bigint AND r.lease_token = v.e->>1 "
-                f"AND r.state = '{LEASED}' RETURNING r.id)"
+                f"FROM settling AS v WHERE r.id = (v.e->>0)::bigint AND r.lease_token = v.e->>1 "
+                f"AND (r.state = '{LEASED}') IS TRUE "
+                # The rows by their key: without it the planner, which guesses 100
+                # settlements and not how many rows are leased, may read every leased
+                # row's index entry and every dead one autovacuum has not yet removed
+                # (an ack took 5 ms, not 1, halfway through 30,000 rows).
+                "AND r.id = ANY(ARRAY(SELECT (e->>0)::bigint FROM settling)) RETURNING r.id)"
             )
         columns.append("(SELECT json_agg(id) FROM done)" if settles else "NULL")
         if positions:

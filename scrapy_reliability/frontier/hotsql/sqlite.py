@@ -20,7 +20,10 @@ from scrapy_reliability.frontier.hotsql.base import (
     SingleResult,
 )
 from scrapy_reliability.frontier.records import Claimed, NewRequest
-from scrapy_reliability.frontier.schema import requests
+from scrapy_reliability.frontier.schema import LEASED, requests
+
+#: Settlements as one JSON text; ids, tokens and states only.
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class SqliteHotSql(HotSql):
@@ -33,13 +36,17 @@ class SqliteHotSql(HotSql):
     insert tells which keys it added by its count of changed rows and the ids it
     gave them (new rows take the ids after the largest, one after the other: the
     write lock, BEGIN IMMEDIATE or the one statement's, is ours); a settlement, a
-    few rows, returns its ids. New requests only are one INSERT in autocommit:
-    its commit writes the pages it changed to the WAL inside the statement's
-    step, with the GIL released."""
+    few rows, returns its ids. New requests only, plain settlements only, or a
+    claim no domain limit decides are each one statement in autocommit (no BEGIN,
+    no COMMIT): its commit writes the pages it changed to the WAL inside the
+    statement's step, with the GIL released."""
 
     def writes_single(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
-        # New requests only: SQLite has no data-modifying CTE to carry the rest.
-        return not (settles or claims or output) and 0 < inserts <= INSERT_CHUNK
+        # SQLite has no data-modifying CTE: one kind of change per statement. New
+        # requests only, settlements only, or a claim only.
+        if output or (inserts and (settles or claims)) or (settles and claims):
+            return False
+        return inserts <= INSERT_CHUNK and bool(inserts or settles or claims)
 
     def write_single(
         self,
@@ -52,8 +59,55 @@ class SqliteHotSql(HotSql):
         now: float,
         output: Output = NO_OUTPUT,
     ) -> SingleResult:
-        assert not settles and lease is None and not output
+        assert not output and (bool(rows) + bool(settles) + (lease is not None)) == 1
+        if settles:
+            return set(), self._settle_each(conn, settles, now), []
+        if lease is not None:
+            return set(), set(), self._lease_due_single(conn, job_id, lease)
         return self.insert(conn, job_id, rows, now), set(), []
+
+    def _settle_each(
+        self, conn: Connection, settles: Sequence[tuple[int, str, str]], now: float
+    ) -> set[int]:
+        """Each (row, token, state) of ``settles`` whose row still holds its token,
+        settled; their ids. One text for any number of settlements: they go as one
+        JSON array, joined on the row's key."""
+        p = self.P
+        sql = self._text(
+            "settle-each",
+            0,
+            lambda: (
+                f"UPDATE {requests.name} SET state = s.state, lease_token = NULL, "
+                f"worker_id = NULL, lease_expires_at = NULL, updated_at = {p} "
+                "FROM (SELECT json_extract(value, '$[0]') AS id, "
+                "json_extract(value, '$[1]') AS token, json_extract(value, '$[2]') AS state "
+                f"FROM json_each({p})) AS s WHERE {requests.name}.id = s.id "
+                f"AND {requests.name}.lease_token = s.token AND {requests.name}.state = "
+                f"'{LEASED}' RETURNING {requests.name}.id"
+            ),
+        )
+        params = (now, _dumps(settles))
+        return {int(row[0]) for row in self._execute(conn, sql, params).fetchall()}
+
+    def _lease_due_single(self, conn: Connection, job_id: int, lease: DueLease) -> list[Claimed]:
+        """:meth:`lease_due` as one statement: the lease of the candidates."""
+        key = self._candidates_key(())
+        sql = self._text(
+            "lease-due-single",
+            0,
+            lambda: (
+                f"{self._lease_update()}WHERE id IN (SELECT id FROM "
+                f"({self._candidates_sql(key, 0)})) RETURNING {self._CLAIMED}"
+            ),
+        )
+        params = (
+            lease.token,
+            lease.worker_id,
+            lease.expires_at,
+            lease.now,
+            *self._candidates_params(job_id, lease.now, (), lease.limit),
+        )
+        return self._claimed(self._execute(conn, sql, params).fetchall(), lease.token)
 
     def _in(self, column: str, n: int, cast: str) -> str:
         return f"{column} IN ({', '.join([self.P] * n)})"

@@ -182,7 +182,10 @@ def main() -> int:
         return f"{statistics.median(per_round):.2f} (rounds: {rounds})"
 
     n = len(links)
-    share = lambda k: f"{100 * k / n:.1f}%"  # noqa: E731
+
+    def share(k: float) -> str:
+        return f"{100 * k / n:.1f}%"
+
     print(
         f"corpus: {n:,} links (seed {args.seed}), {len(set(links)):,} distinct: "
         f"{share(len(with_fragment))} with a fragment, {share(sum('?' in u for u in links))} "

@@ -108,7 +108,7 @@ def main() -> int:
                     try:
                         into.append(run_case(url, domains, args.rows, args.batch))
                     finally:
-                        drop()  # type: ignore[operator]
+                        drop()
                 else:
                     with tempfile.TemporaryDirectory(prefix="bench-claim-domains-") as tmp:
                         url = f"sqlite:///{Path(tmp) / 'claim.sqlite'}"

@@ -38,23 +38,23 @@ check it equals what the frontier sent. Any statement it does not recognise stop
 benchmark. What the frontier sent at the version measured here (``--show-statements``
 prints them), per batch of 16:
 
-SQLite (5 + 4 driver calls):
-  claim: ``BEGIN IMMEDIATE``; the candidates, ``SELECT json_group_array(json_array(id,
-  domain, priority, claim_order)) FROM (SELECT id, domain, priority, claim_order FROM
+SQLite (1 + 1 driver calls; each statement is its own transaction in autocommit,
+``SqliteHotSql.write_single``):
+  claim: the lease of the candidates, ``UPDATE reliability_requests SET state =
+  'leased', lease_token = ?, worker_id = ?, lease_expires_at = ?, updated_at = ? WHERE
+  id IN (SELECT id FROM (SELECT id, domain, priority, claim_order FROM
   reliability_requests WHERE job_id = ? AND state = 'pending' AND not_before <= ? AND
   domain NOT IN (SELECT domain FROM reliability_domains WHERE job_id = ? AND
-  paused_until > ?) ORDER BY priority DESC, claim_order, id LIMIT ?)`` (before
-  revision 0011, ``ORDER BY priority DESC, id ASC``); the lease, ``UPDATE
-  reliability_requests SET state = 'leased', lease_token = ?, worker_id = ?,
-  lease_expires_at = ?, updated_at = ? WHERE id IN (?, x16)``; the leased rows,
-  ``SELECT json_group_array(json_array(id, fingerprint, payload, attempts, priority,
-  first_failed_at, content_hash, content_ns, recrawl_interval, recrawl)) FROM
-  reliability_requests WHERE id IN (?, x16)``; COMMIT.
-  ack (3 driver calls): ``BEGIN IMMEDIATE``; the settle, ``UPDATE reliability_requests
-  SET state = ?, lease_token = NULL, worker_id = NULL, lease_expires_at = NULL,
-  updated_at = ? WHERE id IN (?, x16) AND lease_token = ? AND state = 'leased'
-  RETURNING id``; COMMIT. (Before 2026-12-02's later change, a held check, ``SELECT
-  json_group_array(id) ...``, came before the settle.)
+  paused_until > ?) ORDER BY priority DESC, claim_order, id LIMIT ?)) RETURNING id,
+  fingerprint, payload, ...``.
+  ack: ``UPDATE reliability_requests SET state = s.state, lease_token = NULL, ...
+  FROM (SELECT json_extract(value, '$[0]') AS id, ... FROM json_each(?)) AS s WHERE
+  reliability_requests.id = s.id AND reliability_requests.lease_token = s.token AND
+  reliability_requests.state = 'leased' RETURNING reliability_requests.id``, the
+  settlements as one JSON text.
+  (Before 2026-12-05, 5 + 3 driver calls: ``BEGIN IMMEDIATE``, the candidates as one
+  JSON aggregate, the lease with RETURNING, ``COMMIT``; ``BEGIN IMMEDIATE``, the settle
+  of one token's ids, ``COMMIT``.)
 PostgreSQL (1 + 1 driver calls): the claim and the ack are each one statement in
 autocommit (``PostgresHotSql.write_single``: no BEGIN, no COMMIT; the connection is put
 in autocommit for the statement only, on both sides):
@@ -62,10 +62,13 @@ in autocommit for the statement only, on both sides):
   LOCKED), got AS (UPDATE reliability_requests SET state = 'leased', ... FROM due WHERE
   reliability_requests.id = due.id RETURNING ...) SELECT NULL, NULL, (SELECT
   json_agg(json_build_array(id, fingerprint, payload, ...)) FROM got)``.
-  ack: ``WITH done AS (UPDATE reliability_requests AS r SET state = v.e->>2, ... FROM
-  json_array_elements(%s::json) AS v(e) WHERE r.id = (v.e->>0)::bigint AND
-  r.lease_token = v.e->>1 AND r.state = 'leased' RETURNING r.id) SELECT NULL, (SELECT
-  json_agg(id) FROM done), NULL``, the settlements as one JSON text.
+  ack: ``WITH settling AS (SELECT e FROM json_array_elements(%s::json) AS e), done AS
+  (UPDATE reliability_requests AS r SET state = v.e->>2, ... FROM settling AS v WHERE
+  r.id = (v.e->>0)::bigint AND r.lease_token = v.e->>1 AND (r.state = 'leased') IS TRUE
+  AND r.id = ANY(ARRAY(SELECT (e->>0)::bigint FROM settling)) RETURNING r.id) SELECT
+  NULL, (SELECT json_agg(id) FROM done), NULL``, the settlements as one JSON text,
+  found by key (before 2026-12-05 the planner could read every leased row's index
+  entry instead, dead ones included).
   (Before 2026-12-03, each was a transaction: the lease of the due rows, then the settle
   with ``id = ANY(%s::bigint[])``, each with its COMMIT; the recorder did not see the
   one-statement form, and the PostgreSQL half of this benchmark stopped with "expected
@@ -77,8 +80,7 @@ AS mine, min(not_before), count(*) ... GROUP BY ...``, replayed with the recorde
 parameters), and a claim that brings fewer than 16 (when N is not a multiple of 16)
 runs that aggregate after its lease.
 
-The raw side decodes what the frontier decodes (SQLite: ``json.loads`` of the
-candidates, leased rows and held ids; PostgreSQL: ``fetchall`` of every result) but
+The raw side decodes what the frontier decodes (``fetchall`` of every result) but
 builds no records (``Claimed``, ``ClaimResult``, ``Transition``): that Python is what
 this benchmark weighs. Both sides count their driver calls the way
 ``Frontier.round_trips`` does, and the counts must agree; both must leave all N rows
@@ -516,7 +518,17 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
                 if role == BEGIN:
                     conn.execute(sql).close()
                 elif role == LEASE_DUE:
-                    params = (job, now, job, now, batch, token, WORKER, now + LEASE_SECONDS, now)
+                    params: tuple[Any, ...] = (
+                        job,
+                        now,
+                        job,
+                        now,
+                        batch,
+                        token,
+                        WORKER,
+                        now + LEASE_SECONDS,
+                        now,
+                    )
                     if sqlite:  # one statement, its own transaction (autocommit)
                         params = (*params[5:], *params[:5])
                         ids = [r[0] for r in conn.execute(sql, params).fetchall()]

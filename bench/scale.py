@@ -545,7 +545,8 @@ def run_claims(
     )
     if proc.returncode != 0 or not out_path.exists():
         raise RuntimeError(f"claim child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(out_path.read_text())
+    result: dict[str, Any] = json.loads(out_path.read_text())
+    return result
 
 
 # -- the crawl --------------------------------------------------------------------------------
@@ -826,10 +827,10 @@ def report(
 
 def plot(runs: list[dict[str, Any]], stock: list[dict[str, Any]], path: Path) -> None:
     try:
-        import matplotlib
+        import matplotlib  # type: ignore[import-not-found]
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found]
     except ImportError:
         print("(matplotlib not installed: no plot)")
         return
@@ -915,13 +916,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report_from:
         loaded = [json.loads(Path(p).read_text()) for p in args.report_from.split(",") if p]
-        runs = [r for d in loaded for r in d["runs"]]
-        stock = [s for d in loaded for s in d["stock"]]
+        earlier = [r for d in loaded for r in d["runs"]]
+        earlier_stock = [s for d in loaded for s in d["stock"]]
         for d in loaded:
             print(f"# {d['machine']}; {d['code']}")
-        status = report(runs, stock, args)
+        status = report(earlier, earlier_stock, args)
         if args.plot:
-            plot(runs, stock, args.plot)
+            plot(earlier, earlier_stock, args.plot)
         return status
     if args.child_fill:
         child_fill(json.loads(args.child_fill))

@@ -465,5 +465,16 @@ _BY_CRAWLER: weakref.WeakKeyDictionary[Any, tuple[str | None, Config]] = weakref
 
 def _snapshot(settings: BaseSettings) -> str:
     """The settings' values as one string: equal while none changed. Any value a
-    project sets is taken as it is (a dict with keys of mixed types, an object)."""
-    return repr(sorted((str(name), repr(value)) for name, value in settings.copy_to_dict().items()))
+    project sets is taken as it is (a dict with keys of mixed types, an object), and
+    not copied: a deep copy of an object is a new one, whose repr (its address) may
+    differ from one copy to the next."""
+    return repr(sorted((str(name), _value_snapshot(settings[name])) for name in settings))
+
+
+def _value_snapshot(value: Any) -> str:
+    if isinstance(value, BaseSettings):  # a dict setting, EXTENSIONS say
+        return _snapshot(value)
+    try:
+        return repr(value)
+    except Exception:  # a project's object whose repr fails: its identity
+        return f"<{type(value).__qualname__} at {id(value):#x}>"

@@ -552,8 +552,32 @@ def test_a_crawls_components_read_one_config_parsed_once(monkeypatch: pytest.Mon
     assert config.lease_seconds == 12 and config.browser_timeout == 9 and config.cache is None
 
     # Any value of the project's own is hostile input to the snapshot too.
-    odd = Crawler(Spider, {**values, "MY_TABLE": {404: "a", "500": object(), (1, 2): None}})
-    assert Config.of(odd) is Config.of(odd)
+    # Values are not copied: a copy of an object is another object (its repr, another
+    # address).
+    class Copied:
+        copies = 0
+
+        def __init__(self) -> None:
+            Copied.copies += 1
+            self.n = Copied.copies
+
+        def __repr__(self) -> str:
+            return f"Copied#{self.n}"
+
+        def __deepcopy__(self, memo: Any) -> Copied:
+            return Copied()
+
+    class NoRepr:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    table = {404: "a", "500": object(), (1, 2): None, "copied": Copied(), "bad": NoRepr()}
+    odd = Crawler(Spider, {**values, "MY_TABLE": table})
+    parsed.clear()
+    assert Config.of(odd) is Config.of(odd) and len(parsed) == 1
+    odd.settings.set("MY_TABLE", {**table, "copied": Copied()})  # a changed value is seen
+    Config.of(odd)
+    assert len(parsed) == 2
     parsed.clear()
     # A stand-in crawler (no weak reference to it): parsed each time, never cached.
     from types import SimpleNamespace

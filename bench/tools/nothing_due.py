@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ def old_statement(job_id: int, worker_id: str) -> Any:
     )
 
 
-def summary(found: list[Any]) -> tuple[dict[str, float], dict[tuple[str, int], int]]:
+def summary(found: Sequence[Any]) -> tuple[dict[str, float], dict[tuple[str, int], int]]:
     due = {r.domain: float(r.due) for r in found if r.state == PENDING}
     leased = {(r.domain, int(r.mine)): int(r.n) for r in found if r.state == LEASED}
     return due, leased

@@ -16,6 +16,7 @@ class PagesSpider(scrapy.Spider):
         self.start_urls = [u for u in start.split(",") if u]
 
     def parse(self, response: scrapy.http.Response) -> Iterator[Any]:
+        assert isinstance(response, scrapy.http.TextResponse)  # the test site serves HTML
         h1 = response.css("h1#page")
         if h1:
             yield {"host": h1.attrib["data-host"], "page": int(h1.attrib["data-page"])}

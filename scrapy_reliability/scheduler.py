@@ -90,7 +90,6 @@ class Scheduler(BaseScheduler):
             config,
             dupefilter,
             stats,
-            self.policy,
             max_in_flight=self.max_in_flight,
             claim_batch=self.claim_batch,
             clock=clock,

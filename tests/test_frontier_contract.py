@@ -1045,7 +1045,8 @@ def test_a_postgres_ack_finds_its_rows_by_key_not_among_every_lease_ever_taken(
     """Until autovacuum runs, the partial indexes of leased rows hold an entry for
     every lease ever taken. The planner, which knows few rows are leased now, would
     read them all to find an ack's rows (an ack took 5 ms instead of 1 halfway
-    through 30,000 rows); the ack looks its rows up by key instead."""
+    through 30,000 rows); the ack's check of the state is written so that none can
+    serve it, and its rows are looked up by key (or, in a small table, scanned)."""
     frontier = Frontier.connect(postgres_url)
     try:
         job_id = frontier.open_job("spider", SCHEME, now=NOW).id
@@ -1070,7 +1071,6 @@ def test_a_postgres_ack_finds_its_rows_by_key_not_among_every_lease_ever_taken(
                 r[0] for r in conn.exec_driver_sql("EXPLAIN (ANALYZE) " + sql, tuple(params))
             )
             conn.rollback()
-        assert "pk_reliability_requests" in plan, plan
         for leased_index in ("expiry", "leases", "domain_leased"):
             assert f"ix_reliability_requests_{leased_index}" not in plan, plan
     finally:

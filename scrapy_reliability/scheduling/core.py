@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from scrapy_reliability._executor import DatabaseThread
     from scrapy_reliability.config import Config
     from scrapy_reliability.dupefilter import DupeFilter
-    from scrapy_reliability.retry import RetryPolicy
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,6 @@ def build(
     config: Config,
     dupefilter: DupeFilter,
     stats: StatsCollector,
-    policy: RetryPolicy,
     *,
     max_in_flight: int,
     claim_batch: int,
@@ -75,7 +73,7 @@ def build(
     )
     # Where each request waits among the pending ones of its priority.
     order = ClaimOrder(config.order, ctx.clock)
-    outcomes = Outcomes(ctx, leases, writes, politeness, policy, order=order)
+    outcomes = Outcomes(ctx, leases, writes, politeness, config.retry, order=order)
     # The one link back: a claim rides on a write and waits out storage failures,
     # and a claimed row this spider cannot run is handed back or buried.
     claims.connect(writes, storage, outcomes)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import re
+from typing import Any
 
-from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
+from alembic.runtime.environment import EnvironmentContext
+from alembic.runtime.migration import MigrationContext, MigrationStep
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, inspect
-from sqlalchemy.engine import URL
+from sqlalchemy import Connection, Engine, inspect
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 
 from scrapy_reliability.frontier import dialect
@@ -32,8 +34,15 @@ def _config() -> Config:
     return cfg
 
 
+@functools.cache
+def _script() -> ScriptDirectory:
+    """The migration scripts, read once per process: Alembic reads every revision file
+    for each ScriptDirectory, which made opening a crawler's fresh frontier cost 0.1 s."""
+    return ScriptDirectory.from_config(_config())
+
+
 def head_revision() -> str:
-    head = ScriptDirectory.from_config(_config()).get_current_head()
+    head = _script().get_current_head()
     assert head is not None
     return head
 
@@ -75,17 +84,79 @@ def upgrade(
                 raise SchemaTooNew(url, before)
             elif create_only and before != head_revision():
                 raise SchemaOutdated(url, before, head_revision())
-            cfg = _config()
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+            if before is None and conn.dialect.name == "sqlite":
+                _create_sqlite_at_head(conn)
+            else:
+                _upgrade_to_head(conn)
     except OperationalError as exc:
         raise unavailable(engine.url, exc, given_by=given_by) from None
     return before, head_revision()
 
 
+def _upgrade_to_head(conn: Connection) -> None:
+    """What ``alembic.command.upgrade(config, "head")`` does, with the scripts read once."""
+    cfg = _config()
+    cfg.attributes["connection"] = conn
+    script = _script()
+
+    def steps(rev: Any, _context: Any) -> list[MigrationStep]:
+        revisions = script.iterate_revisions("head", rev, implicit_base=True)
+        return [
+            MigrationStep.upgrade_from_script(script.revision_map, revision)
+            for revision in reversed(list(revisions))
+        ]
+
+    with EnvironmentContext(cfg, script, fn=steps, destination_rev="head"):
+        script.run_env()
+
+
+#: A table's rows as the chain left them: its name, its quoted columns, the rows.
+_Rows = tuple[str, str, tuple[tuple[Any, ...], ...]]
+
+
+@functools.cache
+def _sqlite_head() -> tuple[tuple[str, ...], tuple[_Rows, ...]]:
+    """The schema the migration chain builds on a fresh SQLite database, read once per
+    process from an in-memory one: its statements (SQLite keeps each table, index and
+    trigger as the SQL that made it, in order) and the rows the chain wrote."""
+    engine = dialect.create(make_url("sqlite://"), busy_timeout=5.0)
+    try:
+        with engine.begin() as conn:
+            _upgrade_to_head(conn)
+            master = conn.exec_driver_sql(
+                "SELECT type, name, sql FROM sqlite_master ORDER BY rowid"
+            ).all()
+            statements = tuple(
+                sql for _, name, sql in master if sql and not name.startswith("sqlite_")
+            )
+            tables = [name for kind, name, _ in master if kind == "table"]
+            rows: list[_Rows] = []
+            for name in tables:
+                found = conn.exec_driver_sql(f'SELECT * FROM "{name}"')
+                columns = ", ".join(f'"{column}"' for column in list(found.keys()))
+                data = tuple(tuple(row) for row in found)
+                if data:
+                    rows.append((name, columns, data))
+    finally:
+        engine.dispose()
+    return statements, tuple(rows)
+
+
+def _create_sqlite_at_head(conn: Connection) -> None:
+    """A fresh SQLite database brought to head as the chain would bring it, in a few ms
+    instead of the chain's 0.1 s (its table rebuilds): each crawl with a new JOBDIR, each
+    test's frontier. ``test_a_fresh_sqlite_frontier_is_the_chains_schema`` compares."""
+    statements, rows = _sqlite_head()
+    for sql in statements:
+        conn.exec_driver_sql(sql)
+    for table, columns, data in rows:
+        marks = ", ".join("?" for _ in data[0])
+        conn.exec_driver_sql(f'INSERT INTO "{table}" ({columns}) VALUES ({marks})', list(data))
+
+
 def known_revisions() -> set[str]:
     """Every schema revision this release knows."""
-    return {rev.revision for rev in ScriptDirectory.from_config(_config()).walk_revisions()}
+    return {rev.revision for rev in _script().walk_revisions()}
 
 
 #: How libpq words each cause of a failed connection (it gives no SQLSTATE for them).

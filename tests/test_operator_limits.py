@@ -216,7 +216,9 @@ def test_a_limit_holds_for_every_worker_at_once_and_a_reset_lifts_it(
     times = sorted(e["t"] for e in log if e["host"] == host)
     before = [t for t in times if limited_at - 3 <= t <= limited_at]
     during = [t for t in times if limited_at + 1.5 < t < reset_at]
-    after = [t for t in times if reset_at + 1.5 < t < reset_at + 4.5]
+    # Within 3 s of the reset (a crawl as quick as this one fetches the host's last 100
+    # pages in under 2 s once it is lifted: a window starting later can miss them).
+    after = [t for t in times if reset_at < t < reset_at + 3.0]
     busiest = max(sum(1 for u in during if t <= u < t + 1.0) for t in during)
     print(
         f"{host}: {len(before) / 3:.1f}/s before the limit, {len(during)} requests in "

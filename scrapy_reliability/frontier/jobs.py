@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Table, delete, func, select, update
+from sqlalchemy import ColumnElement, Connection, Table, delete, exists, func, or_, select, update
 
 from scrapy_reliability.frontier import dialect, learned, operator_limits, operator_writes
 from scrapy_reliability.frontier.errors import JobFinished, JobMismatch
@@ -17,6 +17,8 @@ from scrapy_reliability.frontier.recrawl import RecrawlRules, Reopened, reopen_d
 from scrapy_reliability.frontier.reports import DeadFilter
 from scrapy_reliability.frontier.schema import (
     DEAD,
+    DONE,
+    IGNORED,
     JOB_FINISHED,
     JOB_RUNNING,
     LEASED,
@@ -234,16 +236,21 @@ def job_keys(conn: Connection, name: str) -> tuple[str, str, str | None] | None:
     return None if row is None else (str(row.state), str(row.dedup_scheme), row.url_policy)
 
 
+def open_rows(job_id: int) -> ColumnElement[bool]:
+    """Whether a row of the job is still pending or leased: one EXISTS per state, so
+    that each reads its partial index (``state IN (...)`` would read every row of
+    the job on SQLite and, once most are done, on PostgreSQL)."""
+    return or_(
+        *(
+            exists().where(requests.c.job_id == job_id, requests.c.state == s)
+            for s in (PENDING, LEASED)
+        )
+    )
+
+
 def unfinished(conn: Connection, job_id: int) -> bool:
     """Whether a row of the job is still pending or leased."""
-    return (
-        conn.execute(
-            select(requests.c.id)
-            .where(requests.c.job_id == job_id, requests.c.state.in_((PENDING, LEASED)))
-            .limit(1)
-        ).first()
-        is not None
-    )
+    return bool(conn.execute(select(open_rows(job_id))).scalar())
 
 
 def finish_job_if_complete(conn: Connection, job_id: int, now: float) -> bool:
@@ -257,12 +264,14 @@ def finish_job_if_complete(conn: Connection, job_id: int, now: float) -> bool:
     return True
 
 
+def _count_in(conn: Connection, job_id: int, state: str) -> int:
+    """Rows of the job in ``state``, read from the state's partial index."""
+    where = (requests.c.job_id == job_id, requests.c.state == state)
+    return int(conn.execute(select(func.count()).where(*where)).scalar_one())
+
+
 def unprocessed(conn: Connection, job_id: int) -> dict[str, int]:
-    states = conn.execute(
-        select(requests.c.state, func.count())
-        .where(requests.c.job_id == job_id, requests.c.state.in_([PENDING, LEASED]))
-        .group_by(requests.c.state)
-    ).all()
+    found = {state: _count_in(conn, job_id, state) for state in (PENDING, LEASED)}
     classes = conn.execute(
         select(requests.c.error_class, func.count())
         .where(
@@ -272,19 +281,30 @@ def unprocessed(conn: Connection, job_id: int) -> dict[str, int]:
         )
         .group_by(requests.c.error_class)
     ).all()
-    found = {str(k): int(v) for k, v in states}
+    found = {k: v for k, v in found.items() if v}
     found.update({str(k): int(v) for k, v in classes})
     return found
 
 
 def counts(conn: Connection, job_id: int) -> dict[str, int]:
-    """Rows of the job by state (states without rows left out)."""
-    rows = conn.execute(
+    """Rows of the job by state (states without rows left out).
+
+    Done rows have no index of their own (every ack would write one entry more):
+    they are the job's rows (counted on its unique key, which holds nothing but
+    the key) less the rows of the other states, each read from its partial index.
+    """
+    found = {state: _count_in(conn, job_id, state) for state in (PENDING, LEASED)}
+    ended = conn.execute(
         select(requests.c.state, func.count())
-        .where(requests.c.job_id == job_id)
+        .where(
+            requests.c.job_id == job_id, or_(requests.c.state == DEAD, requests.c.state == IGNORED)
+        )
         .group_by(requests.c.state)
     ).all()
-    return {str(state): int(count) for state, count in rows}
+    found.update({str(state): int(n) for state, n in ended})
+    total = int(conn.execute(select(func.count()).where(requests.c.job_id == job_id)).scalar_one())
+    found[DONE] = total - sum(found.values())
+    return {state: n for state, n in found.items() if n}
 
 
 def record_limits(conn: Connection, job_id: int, limits: str) -> None:

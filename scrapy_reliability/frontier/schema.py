@@ -149,38 +149,39 @@ requests = Table(
         postgresql_where=text("state = 'pending'"),
         sqlite_where=text("state = 'pending'"),
     ),
-    # Renewal, release and expiry of leases.
-    Index(
-        "ix_reliability_requests_leases",
-        "worker_id",
-        postgresql_where=text("state = 'leased'"),
-        sqlite_where=text("state = 'leased'"),
-    ),
-    Index(
-        "ix_reliability_requests_expiry",
-        "job_id",
-        "lease_expires_at",
-        postgresql_where=text("state = 'leased'"),
-        sqlite_where=text("state = 'leased'"),
-    ),
-    Index("ix_reliability_requests_job_state", "job_id", "state"),
     # When a claim finds nothing due: each domain's earliest pending row, one index
-    # lookup per domain (see frontier/claim.py).
+    # lookup per domain (see frontier/claim.py). ``state`` lets SQLite count a job's
+    # pending rows without reading the table (0015): it reads a table row for any column
+    # a query names that the index lacks, even the partial index's own condition.
     Index(
         "ix_reliability_requests_pending_due",
         "job_id",
         "domain",
         "not_before",
+        "state",
         postgresql_where=text("state = 'pending'"),
         sqlite_where=text("state = 'pending'"),
     ),
-    # Concurrency caps count leased rows per domain.
+    # Leased rows: concurrency caps count them per domain; the expiry of a job's
+    # leases, and a worker's renewal and release, read them all (there are few).
+    # The one index of leased rows: each costs every claim and every ack (0015).
     Index(
         "ix_reliability_requests_domain_leased",
         "job_id",
         "domain",
         postgresql_where=text("state = 'leased'"),
         sqlite_where=text("state = 'leased'"),
+    ),
+    # Rows that ended without a page (counts, unprocessed dead rows by class). Done
+    # rows have no index of their own: a job's count of them is the rest (see
+    # jobs.counts). The OR form lets SQLite use the index for ``state = 'dead'``.
+    Index(
+        "ix_reliability_requests_ended",
+        "job_id",
+        "state",
+        "error_class",
+        postgresql_where=text("state = 'dead' OR state = 'ignored'"),
+        sqlite_where=text("state = 'dead' OR state = 'ignored'"),
     ),
 )
 

@@ -14,9 +14,10 @@ mode that drops notifications, is :func:`waiting_beat`: one statement every
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Engine, exists, func, select, text, update
+from sqlalchemy import Connection, Engine, func, select, text, update
 
-from scrapy_reliability.frontier.schema import LEASED, PENDING, audit, requests, workers
+from scrapy_reliability.frontier.jobs import open_rows
+from scrapy_reliability.frontier.schema import audit, workers
 
 #: The channel (payload: the job id) a waiting worker listens on.
 CHANNEL = "reliability_work"
@@ -39,7 +40,6 @@ def waiting_beat(
     """One statement in a transaction of its own: this worker's heartbeat (waiting
     since ``since``), whether the job has a pending or leased row, and the id of its
     newest audit row (an operator's add or stop since the worker's mark)."""
-    open_rows = exists().where(requests.c.job_id == job_id, requests.c.state.in_((PENDING, LEASED)))
     newest = (
         select(func.coalesce(func.max(audit.c.id), 0))
         .where(audit.c.job_id == job_id)
@@ -49,7 +49,7 @@ def waiting_beat(
         update(workers)
         .where(workers.c.id == worker_id)
         .values(heartbeat_at=now, waiting_since=since)
-        .returning(open_rows.label("open_rows"), newest.label("newest"))
+        .returning(open_rows(job_id).label("open_rows"), newest.label("newest"))
     )
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         row = conn.execute(statement).first()

@@ -1,0 +1,168 @@
+"""The reads of a job's rows by state are served by indexes, on both backends.
+
+A claim and an ack write as few index entries as they can (migration 0015): the
+requests table has no index of ``(job_id, state)`` and one partial index of leased
+rows. What used to read that index must still not read the table: a job's counts (the
+line a resumed run prints; ``scrapy frontier status``), whether it has rows left (each
+close, each waiting worker's beat), its unprocessed rows, a worker's renewal and
+release, the expiry of leases. At 10M rows a read of the table took 41 s here on
+SQLite where an index took under 1 s.
+
+Each statement those calls send is captured and explained with its own parameters.
+SQLite must not scan the table, and must read the counts from covering indexes (it
+reads a table row for any column a query names that the index lacks, even the
+condition of a partial index); the few leased rows may be read by their index.
+PostgreSQL, with sequential scans priced out, must find an index for each.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
+from scrapy_reliability.frontier.wakeups import waiting_beat
+
+NOW = 1_000_000.0
+SCHEME = "scrapy.utils.request.RequestFingerprinter/2.7"
+# The one index of leased rows: reading all of it reads few rows.
+LEASED_INDEX = "ix_reliability_requests_domain_leased"
+
+
+def _req(i: int) -> NewRequest:
+    url = f"https://example.com/{i}"
+    return NewRequest(f"k{i}", 0, "example.com", url, json.dumps({"url": url}), claim_order=i)
+
+
+@pytest.fixture
+def job(frontier_url: str) -> Iterator[tuple[Frontier, int]]:
+    """A job with rows in every state, most of them done (as late in a crawl): 530
+    done, 5 ignored, 5 dead, 10 leased to w1, 50 pending."""
+    frontier = Frontier.connect(frontier_url)
+    try:
+        job_id = frontier.open_job("spider", SCHEME, now=NOW).id
+        frontier.register_worker(job_id, "w1", "host", 1, now=NOW)
+        frontier.write(job_id, WriteBatch(inserts=[_req(i) for i in range(600)]), now=NOW)
+        rows = frontier.claim(job_id, "w1", 550, lease_seconds=60, now=NOW).rows
+        outcomes = [Outcome.DEAD] * 5 + [Outcome.IGNORED] * 5 + [Outcome.DONE] * 530
+        ends = [
+            Transition(r.id, r.token, o, error="HTTP 404", error_class="permanent")
+            if o is Outcome.DEAD
+            else Transition(r.id, r.token, o)
+            for r, o in zip(rows, outcomes, strict=False)
+        ]
+        frontier.write(job_id, WriteBatch(transitions=ends), now=NOW)
+        if frontier.engine.dialect.name == "postgresql":
+            # What autovacuum does in a running crawl: statistics, and the map of
+            # pages whose rows all readers see (an index-only scan needs it).
+            with frontier.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.exec_driver_sql("VACUUM ANALYZE reliability_requests")
+        yield frontier, job_id
+    finally:
+        frontier.close()
+
+
+def _captured(frontier: Frontier, call: Callable[[], Any]) -> list[tuple[str, Any]]:
+    """The statements ``call`` sends that read or write the requests table."""
+    sent: list[tuple[str, Any]] = []
+
+    def on_execute(_c: Any, _cur: Any, sql: str, params: Any, _ctx: Any, _many: bool) -> None:
+        if "reliability_requests" in sql:
+            sent.append((sql, params))
+
+    event.listen(frontier.engine, "before_cursor_execute", on_execute)
+    try:
+        call()
+    finally:
+        event.remove(frontier.engine, "before_cursor_execute", on_execute)
+    assert sent, "the call sent no statement on the requests table"
+    return sent
+
+
+def _plan(frontier: Frontier, sql: str, params: Any) -> list[str]:
+    with frontier.engine.connect() as conn:
+        raw: Any = conn.connection.dbapi_connection
+        cursor = raw.cursor()
+        try:
+            if frontier.engine.dialect.name == "sqlite":
+                cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+                return [str(r[3]) for r in cursor.fetchall()]
+            cursor.execute("SET enable_seqscan = off")
+            cursor.execute("EXPLAIN " + sql, params)
+            return [str(r[0]) for r in cursor.fetchall()]
+        finally:
+            cursor.close()
+            raw.rollback()
+
+
+def _table_reads(frontier: Frontier, sql: str, params: Any, *, covering: bool) -> list[str]:
+    """The plan lines of ``sql`` that read the requests table beyond an index."""
+    lines = _plan(frontier, sql, params)
+    if frontier.engine.dialect.name == "postgresql":
+        # The unique key finds every row of the job: a read by state must not use
+        # it, and a count of all the job's rows must read nothing else.
+        by_state = "reliability_requests.state" in sql.split("WHERE", 1)[-1]
+        return [
+            line
+            for line in lines
+            if "Seq Scan on reliability_requests" in line
+            or (
+                "uq_reliability_requests_job_id" in line
+                and (by_state or "Index Only Scan" not in line)
+            )
+        ]
+    bad = []
+    for line in lines:
+        if " reliability_requests" not in line or LEASED_INDEX in line:
+            continue
+        if not ("USING COVERING INDEX" in line or (not covering and "USING INDEX" in line)):
+            bad.append(line)
+    return bad
+
+
+def test_a_jobs_counts_are_read_from_indexes(job: tuple[Frontier, int]) -> None:
+    frontier, job_id = job
+    counts: dict[str, int] = {}
+    sent = _captured(frontier, lambda: counts.update(frontier.counts(job_id)))
+    assert counts == {"pending": 50, "leased": 10, "done": 530, "ignored": 5, "dead": 5}
+    for sql, params in sent:
+        assert _table_reads(frontier, sql, params, covering=True) == [], sql
+
+
+def test_whether_a_job_has_rows_left_and_what_is_unprocessed_are_read_from_indexes(
+    job: tuple[Frontier, int],
+) -> None:
+    frontier, job_id = job
+    found: list[Any] = []
+    # Counts must not read a table row per row counted; an EXISTS reads one.
+    calls: list[tuple[Callable[[], Any], bool]] = [
+        (lambda: found.append(frontier.unprocessed(job_id)), True),
+        (lambda: found.append(frontier.finish_job_if_complete(job_id, now=NOW)), False),
+        (lambda: found.append(waiting_beat(frontier.engine, job_id, "w1", NOW, NOW)[0]), False),
+    ]
+    for call, covering in calls:
+        for sql, params in _captured(frontier, call):
+            assert _table_reads(frontier, sql, params, covering=covering) == [], sql
+    # Dead rows of the permanent class are an answer: not unprocessed.
+    assert found == [{"pending": 50, "leased": 10}, False, True]
+
+
+def test_leases_are_renewed_released_and_expired_through_an_index(
+    job: tuple[Frontier, int],
+) -> None:
+    frontier, job_id = job
+    done: list[int] = []
+    calls: list[Callable[[], Any]] = [
+        lambda: done.append(frontier.renew("w1", lease_seconds=60, now=NOW)),
+        lambda: done.append(frontier.expire(job_id, now=NOW + 30)),
+        lambda: done.append(frontier.release_leases_of("w1", now=NOW)),
+    ]
+    for call in calls:
+        for sql, params in _captured(frontier, call):
+            assert _table_reads(frontier, sql, params, covering=False) == [], sql
+    assert done == [10, 0, 10]
+    assert frontier.counts(job_id)["pending"] == 60

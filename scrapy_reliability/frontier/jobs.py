@@ -264,14 +264,20 @@ def finish_job_if_complete(conn: Connection, job_id: int, now: float) -> bool:
     return True
 
 
-def _count_in(conn: Connection, job_id: int, state: str) -> int:
-    """Rows of the job in ``state``, read from the state's partial index."""
-    where = (requests.c.job_id == job_id, requests.c.state == state)
-    return int(conn.execute(select(func.count()).where(*where)).scalar_one())
+def _open_counts(conn: Connection, job_id: int) -> dict[str, int]:
+    """The job's pending and leased rows, each state counted on its partial index."""
+    return {
+        state: int(
+            conn.execute(
+                select(func.count()).where(requests.c.job_id == job_id, requests.c.state == state)
+            ).scalar_one()
+        )
+        for state in (PENDING, LEASED)
+    }
 
 
 def unprocessed(conn: Connection, job_id: int) -> dict[str, int]:
-    found = {state: _count_in(conn, job_id, state) for state in (PENDING, LEASED)}
+    found = {state: n for state, n in _open_counts(conn, job_id).items() if n}
     classes = conn.execute(
         select(requests.c.error_class, func.count())
         .where(
@@ -281,7 +287,6 @@ def unprocessed(conn: Connection, job_id: int) -> dict[str, int]:
         )
         .group_by(requests.c.error_class)
     ).all()
-    found = {k: v for k, v in found.items() if v}
     found.update({str(k): int(v) for k, v in classes})
     return found
 
@@ -293,7 +298,7 @@ def counts(conn: Connection, job_id: int) -> dict[str, int]:
     they are the job's rows (counted on its unique key, which holds nothing but
     the key) less the rows of the other states, each read from its partial index.
     """
-    found = {state: _count_in(conn, job_id, state) for state in (PENDING, LEASED)}
+    found = _open_counts(conn, job_id)
     ended = conn.execute(
         select(requests.c.state, func.count())
         .where(

@@ -140,10 +140,9 @@ def row_values(i: int, port: int) -> tuple[str, str, str, str]:
         ('{"body": "", "headers": {}, "method": "GET", "url": "' + url + '"}').encode(),
         usedforsecurity=False,
     ).hexdigest()
-    payload = (
-        '{"v":1,"url":"' + url + '","headers":[["Referer",["' + referer + '"]]],'
-        '"callback":"parse","meta":{"depth":' + str(depth) + "}}"
-    )
+    # Version 2: the URL is the row's; the Referer, on the request's own origin, its path.
+    ref = referer[len(f"http://{host}:{port}") :]
+    payload = '{"v":2,"ref":"' + ref + '","callback":"parse","meta":{"depth":' + str(depth) + "}}"
     return key, host, url, payload
 
 

@@ -33,10 +33,15 @@ def test_an_added_payload_is_a_plain_get_with_a_callback_by_name() -> None:
             return None
 
     request = scrapy.Request("http://a.test/x?q=1", priority=5)
-    rebuilt = payload_to_request(added_request_payload(request, "parse_item"), Spider())
+    rebuilt = payload_to_request(
+        added_request_payload(request, "parse_item"), Spider(), request.url
+    )
     assert (rebuilt.url, rebuilt.priority, rebuilt.method) == ("http://a.test/x?q=1", 5, "GET")
     assert rebuilt.callback.__name__ == "parse_item"
-    assert payload_to_request(added_request_payload(request, None), Spider()).callback is None
+    assert (
+        payload_to_request(added_request_payload(request, None), Spider(), request.url).callback
+        is None
+    )
     with pytest.raises(ValueError, match="plain GET"):
         added_request_payload(scrapy.Request("http://a.test/", meta={"k": 1}), None)
 

@@ -192,7 +192,7 @@ def test_rekey_keeps_adopted_fingerprints_and_says_how_many(frontier: Any) -> No
     assert imported is not None
     read: list[str] = []
 
-    def key_of(payload: str) -> str:
+    def key_of(payload: str, url: str) -> str:
         read.append(payload)
         return "f" * 40
 

@@ -41,7 +41,7 @@ def test_a_payload_leaves_credential_headers_out_unless_told() -> None:
     spider = _Spider()
     bare = json.loads(request_to_payload(_request(), spider, credentials=False))
     assert [name for name, _ in bare["headers"]] == ["Accept-Language"]
-    full = payload_to_request(request_to_payload(_request(), spider), spider)
+    full = payload_to_request(request_to_payload(_request(), spider), spider, _request().url)
     assert full.headers.get("Authorization") == SECRET.encode()
     assert full.headers.get("Cookie") == b"session=abc"
 
@@ -52,14 +52,18 @@ def test_the_worker_puts_back_what_it_held_and_nothing_else() -> None:
     spider = _Spider()
     original = _request()
     held.hold("k1", original)
-    rebuilt = payload_to_request(request_to_payload(original, spider, credentials=False), spider)
+    rebuilt = payload_to_request(
+        request_to_payload(original, spider, credentials=False), spider, original.url
+    )
     assert b"Authorization" not in rebuilt.headers
     held.restore("k2", rebuilt)  # another row's
     assert b"Authorization" not in rebuilt.headers
     held.restore("k1", rebuilt)
     assert rebuilt.headers.get("Authorization") == SECRET.encode()
     assert rebuilt.headers.getlist("Cookie") == [b"session=abc"]
-    again = payload_to_request(request_to_payload(original, spider, credentials=False), spider)
+    again = payload_to_request(
+        request_to_payload(original, spider, credentials=False), spider, original.url
+    )
     held.restore("k1", again)  # a lease released and claimed again
     assert again.headers.get("Authorization") == SECRET.encode()
     held.forget("k1")  # the row settled

@@ -79,7 +79,7 @@ def _version(url: str) -> str | None:
 
 
 def test_fresh_database_is_created_at_head(frontier_url: str) -> None:
-    assert HEAD == "0015"
+    assert HEAD == "0016"
     store = Frontier.connect(frontier_url)
     try:
         assert migrate.current_revision(store.engine) == HEAD

@@ -32,6 +32,7 @@ from scrapy_reliability.serialization import (
     payload_to_request,
     request_to_payload,
 )
+from scrapy_reliability.serialization.encode import url_origin
 
 PROPERTY = settings(
     max_examples=10_000,
@@ -206,6 +207,13 @@ def requests(draw: st.DrawFn) -> tuple[scrapy.Request, str | None]:
         # Scrapy refuses the URL in that encoding: not a request that can be made.
         assume(False)
         raise
+    # A Referer as Scrapy's RefererMiddleware sets it on a link of the same site (stored
+    # as its path), on another site, or of two values (both stored as they are).
+    referer = draw(st.sampled_from([None, "own", "own", "other", "two"]))
+    if referer is not None:
+        own = url_origin(request.url) + "/" + draw(st.text("/ab?=%#", max_size=6))
+        value: Any = {"own": own, "other": "http://127.0.0.9/x", "two": [own, own]}[referer]
+        request.headers[b"Referer"] = value
     return request, unstorable
 
 
@@ -249,7 +257,16 @@ def test_requests_round_trip_or_are_refused_by_name(case: tuple[scrapy.Request, 
     # Any TEXT column of SQLite or PostgreSQL holds it as it is.
     assert payload.isascii()
     assert "\x00" not in payload
-    assert_same_request(payload_to_request(payload, SPIDER), request)
+    stored = json.loads(payload)
+    assert "url" not in stored, "the URL is the row's column"
+    referers = request.headers.getlist(b"Referer")
+    own = url_origin(request.url) + "/"
+    if len(referers) == 1 and referers[0].decode("latin-1").startswith(own):
+        event("Referer stored as its path")
+        assert stored["ref"] == referers[0].decode("latin-1")[len(own) - 1 :]
+    else:
+        assert "ref" not in stored
+    assert_same_request(payload_to_request(payload, SPIDER, request.url), request)
     event(f"round trip: {type(request).__name__}")
 
 
@@ -328,12 +345,20 @@ VALID: dict[str, Any] = {
     "cookies": {"a": "b"},
     "cb_kwargs": {"kind": [1, 2.5, None]},
 }
-FIELDS = [*sorted(VALID), "body_b64"]
+#: The same request in a payload of version 2: its URL is the row's, its Referer a path.
+ROW_URL = VALID["url"]
+VALID_2: dict[str, Any] = {
+    **{k: v for k, v in VALID.items() if k not in ("v", "url", "headers")},
+    "v": 2,
+    "headers": [["X-A", ["1", "\xff"]]],
+    "ref": "/",
+}
+FIELDS = [*sorted(VALID), "body_b64", "ref"]
 
 
 @st.composite
 def mutated_payloads(draw: st.DrawFn) -> str:
-    data = json.loads(json.dumps(VALID))
+    data = json.loads(json.dumps(draw(st.sampled_from([VALID, VALID_2]))))
     for _ in range(draw(st.integers(0, 3))):
         op = draw(st.sampled_from(["drop", "name", "set", "tag", "nest", "header"]))
         if op == "drop" and data:
@@ -379,6 +404,7 @@ payload_to_request(
         scrapy.Request("http://127.0.0.2/", meta={"m": PageMethod("title")}), SPIDER
     ),
     SPIDER,
+    "http://127.0.0.2/",
 )
 
 
@@ -388,7 +414,7 @@ payload_to_request(
 def test_any_stored_text_rebuilds_or_is_a_corrupt_payload(payload: str):
     before = set(sys.modules)
     try:
-        request = payload_to_request(payload, SPIDER)
+        request = payload_to_request(payload, SPIDER, ROW_URL)
     except CorruptPayload as exc:
         message = str(exc)
         assert len(message) < 400 and message.isascii()

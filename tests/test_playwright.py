@@ -636,7 +636,7 @@ async def init_page(page: Any, request: Any) -> None:
 
 
 def roundtrip(request: scrapy.Request, spider: scrapy.Spider) -> scrapy.Request:
-    return payload_to_request(request_to_payload(request, spider), spider)
+    return payload_to_request(request_to_payload(request, spider), spider, request.url)
 
 
 def test_playwright_meta_round_trips_as_json():
@@ -664,7 +664,7 @@ def test_playwright_meta_round_trips_as_json():
     payload = request_to_payload(request, spider)
     assert "PNG" not in payload
     json.loads(payload)  # plain JSON
-    back = payload_to_request(payload, spider)
+    back = payload_to_request(payload, spider, request.url)
     meta = back.meta
     for key in ("playwright", "playwright_context", "playwright_include_page"):
         assert meta[key] == request.meta[key]
@@ -718,7 +718,7 @@ async def _live_page_payloads() -> tuple[bool, str]:
             "http://127.0.0.2/p/1", meta={"playwright": True, "playwright_page": page}
         )
         payload = request_to_payload(request, spider)
-        same = payload_to_request(payload, spider).meta["playwright_page"] is page
+        same = payload_to_request(payload, spider, request.url).meta["playwright_page"] is page
         await browser.close()
     return same, payload
 
@@ -738,10 +738,10 @@ def test_a_live_page_is_never_stored(chromium: str):
         "logging.basicConfig()\n"
         "from scrapy_reliability.serialization import payload_to_request\n"
         "class S(scrapy.Spider):\n    name = 's'\n"
-        "print(json.dumps(sorted(payload_to_request(sys.stdin.read(), S()).meta)))\n"
+        "print(json.dumps(sorted(payload_to_request(sys.stdin.read(), S(), sys.argv[1]).meta)))\n"
     )
     other = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", script, "http://127.0.0.2/p/1"],
         input=payload,
         capture_output=True,
         text=True,

@@ -43,7 +43,7 @@ def spider():
 
 
 def roundtrip(request, spider):
-    return payload_to_request(request_to_payload(request, spider), spider)
+    return payload_to_request(request_to_payload(request, spider), spider, request.url)
 
 
 def test_full_request_roundtrips(spider):
@@ -206,7 +206,9 @@ def _with(**fields):
         ('{"v": 1, "url": "http://127.0.0.2/", "priority": ' + "9" * 5000 + "}", "not JSON"),
         (json.dumps({"url": _URL}), "no version"),
         ("{}", "no version"),
-        (json.dumps({"v": 2, "url": _URL}), "version"),
+        (json.dumps({"v": 3, "url": _URL}), "version"),
+        (json.dumps({"v": 2}), "no URL"),
+        (json.dumps({"v": 1, "url": _URL, "ref": "/"}), "version 1 has a ref"),
         (json.dumps({"v": True, "url": _URL}), "v is a JSON boolean"),
         (json.dumps({"v": 1}), "no url"),
         (_with(extra=1), "unknown key 'extra'"),
@@ -301,7 +303,7 @@ def test_payload_is_ascii_and_text_round_trips(spider):
     payload = request_to_payload(request, spider)
     assert payload.isascii()
     assert "\x00" not in payload
-    back = payload_to_request(payload, spider)
+    back = payload_to_request(payload, spider, _URL)
     assert back.meta == {odd: odd}
     assert back.cb_kwargs == {"k": [odd]}
     assert back.body == b"nul\x00 "

@@ -117,7 +117,7 @@ def test_a_request_kept_is_what_rebuilding_its_payload_gives(
         return  # not storable: never kept either (it is refused at enqueue)
     if not rebuilds_exactly(request):
         return
-    rebuilt = payload_to_request(payload, SPIDER)
+    rebuilt = payload_to_request(payload, SPIDER, request.url)
     assert _fields(rebuilt) == _fields(request)
     # Nothing shared: meta and cb_kwargs hold only values nothing changes in place.
     for value in (*request.meta.values(), *request.cb_kwargs.values()):

@@ -47,9 +47,9 @@ def rekey(ctx: Context, args: list[str]) -> None:
                 + "): stop them before re-keying (nothing was changed)"
             )
 
-    def key_of(payload: str) -> str | None:
+    def key_of(payload: str, url: str) -> str | None:
         try:
-            return fingerprinter.fingerprint(payload_key_request(payload)).hex()
+            return fingerprinter.fingerprint(payload_key_request(payload, url)).hex()
         except (CorruptPayload, ValueError):
             return None
 

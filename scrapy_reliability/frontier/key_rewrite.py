@@ -1,7 +1,7 @@
 """Re-keying a job: every row's dedup key computed anew (under a new canonical URL
 policy or fingerprinter), rows that now share a key merged, in one transaction.
 
-The keys come from the caller (``key_of(payload)``): this module knows the key
+The keys come from the caller (``key_of(payload, url)``): this module knows the key
 formats only as strings. ``s:<fp>[:n]`` (a start request, the n-th copy of one run)
 keeps its form, numbered again in row order; ``u:<uuid>`` (a ``dont_filter``
 request) is never shared and stays; any other key is a fingerprint.
@@ -66,7 +66,7 @@ class _Row:
 def rekey_job(
     engine: Engine,
     job_id: int,
-    key_of: Callable[[str], str | None],
+    key_of: Callable[[str, str], str | None],
     *,
     dedup_scheme: str,
     url_policy: str | None,
@@ -98,13 +98,19 @@ def rekey_job(
 
 
 def _read(
-    conn: Connection, job_id: int, key_of: Callable[[str], str | None], result: RekeyResult
+    conn: Connection, job_id: int, key_of: Callable[[str, str], str | None], result: RekeyResult
 ) -> list[_Row]:
     rows: list[_Row] = []
     last = 0
     while True:
         chunk = conn.execute(
-            select(requests.c.id, requests.c.fingerprint, requests.c.state, requests.c.payload)
+            select(
+                requests.c.id,
+                requests.c.fingerprint,
+                requests.c.state,
+                requests.c.payload,
+                requests.c.url,
+            )
             .where(requests.c.job_id == job_id, requests.c.id > last)
             .order_by(requests.c.id)
             .limit(CHUNK)
@@ -117,7 +123,7 @@ def _read(
             if row.payload == ADOPTED_URL:
                 result.adopted += 1
             elif not old.startswith("u:"):
-                fingerprint = key_of(row.payload)
+                fingerprint = key_of(row.payload, row.url)
                 if fingerprint is None:
                     result.unreadable += 1
                 else:

@@ -160,6 +160,8 @@ class Claimed(NamedTuple):
     recrawl_interval: float | None = None
     recrawl: str | None = None
     claim_order: int = 0
+    #: The row's URL column: a payload of version 2 does not repeat it.
+    url: str = ""
 
 
 @dataclass(frozen=True)

@@ -271,7 +271,7 @@ class ClaimBuffer:
         try:
             request = self.writes.written.take(row.fingerprint, row.payload)
             if request is None:
-                request = payload_to_request(row.payload, self.ctx.spider)
+                request = payload_to_request(row.payload, self.ctx.spider, row.url)
             self.ctx.credentials.restore(row.fingerprint, request)
             retry_times = request.meta.get("retry_times", 0)
             if isinstance(retry_times, bool) or not isinstance(retry_times, int):

@@ -91,6 +91,7 @@ def stripped_payload(request: Request | None, spider: Spider) -> str:
             priority=max(MIN_PRIORITY, min(MAX_PRIORITY, request.priority)),
             dont_filter=request.dont_filter,
         )
-        return request_to_payload(bare, spider)
+        # With its URL: the row's may be cut to what its column holds.
+        return request_to_payload(bare, spider, with_url=True)
     except Exception:  # whatever refused the request may refuse this too
         return "{}"

@@ -15,6 +15,7 @@ from scrapy_reliability.serialization.encode import (
     _VALUE_FIELDS,
     PAYLOAD_VERSION,
     _is_method_name,
+    url_origin,
 )
 from scrapy_reliability.serialization.payload_errors import (
     CorruptPayload,
@@ -33,14 +34,15 @@ from scrapy_reliability.serialization.value_codecs import (
 logger = logging.getLogger("scrapy_reliability.serialization")  # as before the split
 
 
-def payload_to_request(payload: str, spider: Spider) -> Request:
-    """Rebuild the request stored by :func:`request_to_payload`.
+def payload_to_request(payload: str, spider: Spider, url: str | None = None) -> Request:
+    """Rebuild the request stored by :func:`request_to_payload` in a row whose URL
+    column is ``url`` (a payload of version 1 holds its URL and needs none).
 
     Raises :class:`MissingCallback` if ``spider`` lacks a method the payload names,
     :class:`CorruptPayload` for anything else that makes the payload impossible to
     rebuild; never anything else. Nothing named in the payload is imported.
     """
-    data = _load(payload)
+    data = _load(payload, url)
     # The class first, before anything in the payload is acted on.
     cls = _request_class(data.get("class"))
     body = _body(data)
@@ -50,7 +52,7 @@ def payload_to_request(payload: str, spider: Spider) -> Request:
             f"the stored encoding {_quote(encoding)} is not a text codec of Python's "
             "standard library"
         )
-    headers = _headers(data.get("headers", []))
+    headers = _headers(data)
     gone: list[str] = []
     if _TAG in payload:
         with _for_spider(spider, gone):
@@ -92,12 +94,13 @@ def payload_to_request(payload: str, spider: Spider) -> Request:
         ) from exc
 
 
-def payload_key_request(payload: str) -> Request:
-    """The request a stored row was keyed by, for computing its key again (``scrapy
-    frontier rekey``): the first URL of a redirected request (Scrapy's
-    ``redirect_urls``), its method, body, headers and ``verbatim_url``; no callback,
-    class or other meta. Raises :class:`CorruptPayload`; nothing is imported."""
-    data = _load(payload)
+def payload_key_request(payload: str, url: str | None = None) -> Request:
+    """The request a stored row (of URL column ``url``) was keyed by, for computing
+    its key again (``scrapy frontier rekey``): the first URL of a redirected request
+    (Scrapy's ``redirect_urls``), its method, body, headers and ``verbatim_url``; no
+    callback, class or other meta. Raises :class:`CorruptPayload`; nothing is
+    imported."""
+    data = _load(payload, url)
     meta = data.get("meta", {})
     url = data["url"]
     redirected = meta.get("redirect_urls")
@@ -107,7 +110,7 @@ def payload_key_request(payload: str) -> Request:
         return Request(
             url=url,
             method=data.get("method", "GET"),
-            headers=_headers(data.get("headers", [])),
+            headers=_headers(data),
             body=_body(data),
             meta={"verbatim_url": True} if meta.get("verbatim_url") is True else None,
         )
@@ -126,6 +129,7 @@ _DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "v": int,
     "url": str,
+    "ref": str,
     "method": str,
     "headers": list,
     "body": str,
@@ -148,8 +152,9 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), "number")
 
 
-def _load(payload: object) -> dict[str, Any]:
-    """The payload as a dict whose keys and value types are those of a payload."""
+def _load(payload: object, url: object = None) -> dict[str, Any]:
+    """The payload as a dict whose keys and value types are those of a payload, its
+    ``url`` set: the payload's own (version 1) or the row's (version 2)."""
     if not isinstance(payload, str):
         raise CorruptPayload(f"the payload is a {type(payload).__name__}, not JSON text")
     try:
@@ -170,13 +175,25 @@ def _load(payload: object) -> dict[str, Any]:
             raise CorruptPayload(f"{key} is a JSON {_json_type(value)} in the payload")
     if "v" not in data:
         raise CorruptPayload("the payload has no version (v)")
-    if data["v"] != PAYLOAD_VERSION:
+    version = data["v"]
+    if version == 1:
+        if "url" not in data:
+            raise CorruptPayload("the payload has no url")
+        if "ref" in data:
+            raise CorruptPayload("the payload of version 1 has a ref")
+        return data
+    if version != PAYLOAD_VERSION:
         raise CorruptPayload(
-            f"the payload is of version {_quote(str(data.get('v')), 20)}, not "
+            f"the payload is of version {_quote(str(version), 20)}, not 1 or "
             f"{PAYLOAD_VERSION} (written by another version of scrapy-reliability?)"
         )
-    if "url" not in data:
-        raise CorruptPayload("the payload has no url")
+    if "url" not in data:  # a refused request's keeps its own: its row's may be cut
+        if not isinstance(url, str) or not url:
+            raise CorruptPayload("the row has no URL for its payload")
+        data["url"] = url
+    ref = data.get("ref")
+    if ref is not None and not ref.startswith("/"):
+        raise CorruptPayload("the stored ref is not a path")
     return data
 
 
@@ -221,7 +238,14 @@ def _body(data: dict[str, Any]) -> bytes:
     return b""
 
 
-def _headers(stored: list[Any]) -> list[tuple[bytes, list[bytes]]]:
+def _headers(data: dict[str, Any]) -> list[tuple[bytes, list[bytes]]]:
+    """The stored headers, a Referer stored as its path (``ref``) last."""
+    stored: list[Any] = data.get("headers", [])
+    ref = data.get("ref")
+    if ref is not None:
+        if any(isinstance(entry, list) and entry[:1] == ["Referer"] for entry in stored):
+            raise CorruptPayload("the payload has a ref and a Referer header")
+        stored = [*stored, ["Referer", [url_origin(data["url"]) + ref]]]
     # Bytes from latin-1 text, as they were stored: Scrapy would encode str as UTF-8.
     headers: list[tuple[bytes, list[bytes]]] = []
     for entry in stored:

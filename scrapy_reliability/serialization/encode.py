@@ -26,7 +26,10 @@ from scrapy_reliability.serialization.value_codecs import (
     _not_too_deep,
 )
 
-PAYLOAD_VERSION = 1
+#: 2 (revision 0016): the URL is the row's own column, not repeated in the payload, and
+#: a Referer on the request's own origin is stored as its path (``ref``). Version 1
+#: payloads (with ``url``) are still read.
+PAYLOAD_VERSION = 2
 
 #: Longest payload stored, in characters: far below the 1 GB either backend holds in
 #: one value, far above any request that does not carry a whole document in meta.
@@ -103,10 +106,13 @@ CREDENTIAL_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")
 _DICT_HEADERS = Headers if issubclass(Headers, dict) else None
 
 
-def request_to_payload(request: Request, spider: Spider, *, credentials: bool = True) -> str:
+def request_to_payload(
+    request: Request, spider: Spider, *, credentials: bool = True, with_url: bool = False
+) -> str:
     """Serialize ``request`` to a JSON string of ASCII characters, which
-    :func:`payload_to_request` rebuilds in any worker of this spider; without its
-    :data:`CREDENTIAL_HEADERS` unless ``credentials``.
+    :func:`payload_to_request` rebuilds in any worker of this spider from it and the
+    row's URL (``request.url``, not stored in the payload unless ``with_url``);
+    without its :data:`CREDENTIAL_HEADERS` unless ``credentials``.
 
     Raises :class:`UnserializableRequest`, naming the key, for what cannot be stored:
     a value JSON cannot hold (an object, a set, NaN or Infinity, an int of more than
@@ -114,7 +120,9 @@ def request_to_payload(request: Request, spider: Spider, *, credentials: bool = 
     a spider method, a priority that is not an int, an encoding that is not a text
     codec of Python's standard library, a payload over :data:`MAX_PAYLOAD_LENGTH`.
     """
-    data: dict[str, Any] = {"v": PAYLOAD_VERSION, "url": request.url}
+    data: dict[str, Any] = {"v": PAYLOAD_VERSION}
+    if with_url:
+        data["url"] = request.url
     if request.method != "GET":
         data["method"] = request.method
     headers = request.headers
@@ -128,7 +136,12 @@ def request_to_payload(request: Request, spider: Spider, *, credentials: bool = 
             if credentials or k not in CREDENTIAL_HEADERS
         ]
         if stored:
-            data["headers"] = stored
+            ref = _referer_path(stored, request.url)
+            if ref is not None:
+                data["ref"] = ref
+                stored = [entry for entry in stored if entry[0] != "Referer"]
+            if stored:
+                data["headers"] = stored
     if request.body:
         try:
             data["body"] = request.body.decode("utf-8")
@@ -188,7 +201,7 @@ def request_to_payload(request: Request, spider: Spider, *, credentials: bool = 
     if _TAG in payload:
         _refuse_tag_lookalikes(data, request)
     if len(payload) > MAX_PAYLOAD_LENGTH:
-        fields = [f for f in (*_VALUE_FIELDS, "body", "body_b64", "url") if f in data]
+        fields = [f for f in (*_VALUE_FIELDS, "body", "body_b64", "headers") if f in data]
         with _for_spider(spider):
             biggest = max(fields, key=lambda f: len(_dumps(data[f])))
         raise UnserializableRequest(
@@ -197,6 +210,30 @@ def request_to_payload(request: Request, spider: Spider, *, credentials: bool = 
             "large data out of the request (store it elsewhere and pass a key)."
         )
     return payload
+
+
+def url_origin(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``: everything before the path's first ``/``
+    (the whole URL if it has no path). A stored ``ref`` is relative to it."""
+    start = url.find("://")
+    end = url.find("/", start + 3) if start >= 0 else -1
+    return url if end < 0 else url[:end]
+
+
+def _referer_path(stored: list[list[Any]], url: str) -> str | None:
+    """The path of the request's one Referer value when it is on the request's own
+    origin (what Scrapy's RefererMiddleware sets on a link of the same site), else
+    None: it is then stored among the headers as it is."""
+    for name, values in stored:
+        if name == "Referer":
+            if len(values) != 1:
+                return None
+            origin = url_origin(url)
+            value: str = values[0]
+            if value.startswith(origin) and value[len(origin) : len(origin) + 1] == "/":
+                return value[len(origin) :]
+            return None
+    return None
 
 
 # Fields of a payload that hold user values, where codec values may be.

@@ -70,7 +70,7 @@ class HotSql(abc.ABC):
     )
     _CLAIMED = (
         "id, fingerprint, payload, attempts, priority, first_failed_at, "
-        "content_hash, content_ns, recrawl_interval, recrawl, claim_order"
+        "content_hash, content_ns, recrawl_interval, recrawl, claim_order, url"
     )
 
     def __init__(self) -> None:
@@ -302,6 +302,7 @@ class HotSql(abc.ABC):
                 else None,
                 _text_or_none(r[9]),
                 int(r[10]),
+                r[11] if isinstance(r[11], str) else "",
             )
             for r in rows
         ]

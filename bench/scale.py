@@ -60,11 +60,16 @@ fetched; the size of the JOBDIR directory afterwards.
 
 Acceptance (exit 1 when one fails, or when a step fails): peak RSS of the crawl on the
 largest pending-only N <= ``--max-rss-mb`` (150); median ``claim`` latency at the largest
-pending-only N within ``--max-claim-ratio`` (2.0) of that at the smallest.
+pending-only N within ``--max-claim-ratio`` (2.0) of that at the smallest; disk per
+request at the largest pending-only N <= ``--max-bytes-per-request`` (300). The same
+limits hold for what the pending-only sizes project at ``--project`` rows (100M; 0:
+none): the claim p50 on a least-squares line in log N (a B-tree's depth), the peak RSS
+on a line in N; the disk is the largest size's bytes per request times the rows.
 
     python bench/scale.py [--backends sqlite,postgres] [--sizes 100000,1000000,10000000]
         [--done 10000000:1000000] [--stock-sizes 100000,1000000] [--reps 200]
-        [--crawl-seconds 25] [--plot bench/scale.png] [--json PATH] [--keep]
+        [--crawl-seconds 25] [--max-bytes-per-request 300] [--project 100000000]
+        [--plot bench/scale.png] [--json PATH] [--keep]
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import resource
 import shutil
@@ -801,6 +807,17 @@ def report(
                 file=sys.stderr,
             )
             status = 1
+        per_request = (hi["disk"]["bytes"] - hi["empty_bytes"]) / hi["pending"]
+        print(f"{backend}: disk per request {hi['case']} = {per_request:.0f} B")
+        if not per_request <= args.max_bytes_per_request:
+            print(
+                f"FAIL: {backend} takes {per_request:.0f} B per request at {hi['case']}"
+                f" (> {args.max_bytes_per_request:g})",
+                file=sys.stderr,
+            )
+            status = 1
+        if args.project:
+            status |= projection(backend, plain, args)
         crawl = hi.get("crawl")
         if crawl is not None:
             print(f"{backend}: crawl peak RSS {hi['case']} = {crawl['peak_rss_mb']:.1f} MB")
@@ -820,6 +837,56 @@ def report(
     failed += [s for s in stock if not s["ok"]]
     if failed:
         print(f"{len(failed)} run(s) failed", file=sys.stderr)
+        status = 1
+    return status
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line through the points: (intercept, slope)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
+def projection(backend: str, plain: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """Print what the measured pending-only sizes project at ``--project`` rows: the
+    claim p50 on a line in log N (a B-tree's depth), the crawl's peak RSS on a line in
+    N, the disk at the largest size's bytes per request. 1 when a projection is over
+    ``--max-claim-ratio`` or ``--max-rss-mb``."""
+    target = args.project
+    lo, hi = plain[0], plain[-1]
+    sizes = [float(r["pending"]) for r in plain]
+    a, b = _fit([math.log(n) for n in sizes], [r["claims"]["claim"]["claim"]["p50"] for r in plain])
+    claim = a + b * math.log(target)
+    ratio = claim / lo["claims"]["claim"]["claim"]["p50"]
+    per_request = (hi["disk"]["bytes"] - hi["empty_bytes"]) / hi["pending"]
+    parts = [
+        f"claim p50 {claim:.2f} ms ({ratio:.2f}x {lo['case']})",
+        f"disk {per_request * target / 1e9:.1f} GB",
+    ]
+    crawled = [r for r in plain if r.get("crawl")]
+    rss = None
+    if len(crawled) >= 2:
+        c, d = _fit(
+            [float(r["pending"]) for r in crawled], [r["crawl"]["peak_rss_mb"] for r in crawled]
+        )
+        rss = c + d * target
+        parts.insert(1, f"crawl peak RSS {rss:.1f} MB")
+    cases = ", ".join(r["case"] for r in plain)
+    print(f"{backend}: projected at {label(target)} from {cases}: {'; '.join(parts)}")
+    status = 0
+    if not ratio <= args.max_claim_ratio:
+        print(
+            f"FAIL: {backend} projected claim p50 at {label(target)} is {ratio:.2f}x",
+            file=sys.stderr,
+        )
+        status = 1
+    if rss is not None and not rss <= args.max_rss_mb:
+        print(
+            f"FAIL: {backend} projected peak RSS at {label(target)} is {rss:.1f} MB",
+            file=sys.stderr,
+        )
         status = 1
     return status
 
@@ -903,6 +970,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg-admin-url", default=PG_ADMIN_URL)
     parser.add_argument("--max-rss-mb", type=float, default=150.0)
     parser.add_argument("--max-claim-ratio", type=float, default=2.0)
+    parser.add_argument(
+        "--max-bytes-per-request",
+        type=float,
+        default=300.0,
+        help="disk (tables and indexes) per request at the largest pending-only N",
+    )
+    parser.add_argument(
+        "--project",
+        type=int,
+        default=100_000_000,
+        help="rows to project claim, RSS and disk at from the pending-only sizes (0: none)",
+    )
     parser.add_argument("--plot", type=Path, help="write a PNG (needs matplotlib)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the work directory and databases")

@@ -801,23 +801,19 @@ def report(
                 print(f"{backend}: {key} p50 {other['case']} / {lo['case']} = {ratio:.2f}")
         ratio = hi["claims"]["claim"]["claim"]["p50"] / lo["claims"]["claim"]["claim"]["p50"]
         if not ratio <= args.max_claim_ratio:
-            print(
-                f"FAIL: {backend} claim p50 at {hi['case']} is {ratio:.2f}x that at"
-                f" {lo['case']} (> {args.max_claim_ratio:g})",
-                file=sys.stderr,
+            status = _fail(
+                f"{backend} claim p50 at {hi['case']} is {ratio:.2f}x that at"
+                f" {lo['case']} (> {args.max_claim_ratio:g})"
             )
-            status = 1
         per_request = (hi["disk"]["bytes"] - hi["empty_bytes"]) / hi["pending"]
         print(f"{backend}: disk per request {hi['case']} = {per_request:.0f} B")
         if not per_request <= args.max_bytes_per_request:
-            print(
-                f"FAIL: {backend} takes {per_request:.0f} B per request at {hi['case']}"
-                f" (> {args.max_bytes_per_request:g})",
-                file=sys.stderr,
+            status = _fail(
+                f"{backend} takes {per_request:.0f} B per request at {hi['case']}"
+                f" (> {args.max_bytes_per_request:g})"
             )
-            status = 1
         if args.project:
-            status |= projection(backend, plain, args)
+            status |= projection(backend, plain, per_request, args)
         crawl = hi.get("crawl")
         if crawl is not None:
             print(f"{backend}: crawl peak RSS {hi['case']} = {crawl['peak_rss_mb']:.1f} MB")
@@ -827,12 +823,10 @@ def report(
                     f" {crawl['peak_rss_mb'] - lo['crawl']['peak_rss_mb']:.1f} MB"
                 )
             if not crawl["peak_rss_mb"] <= args.max_rss_mb:
-                print(
-                    f"FAIL: {backend} crawl peak RSS {crawl['peak_rss_mb']:.1f} MB >"
-                    f" {args.max_rss_mb:g} MB",
-                    file=sys.stderr,
+                status = _fail(
+                    f"{backend} crawl peak RSS {crawl['peak_rss_mb']:.1f} MB >"
+                    f" {args.max_rss_mb:g} MB"
                 )
-                status = 1
     failed = [r for r in runs if r.get("crawl") and not r["crawl"]["ok"]]
     failed += [s for s in stock if not s["ok"]]
     if failed:
@@ -849,18 +843,24 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def projection(backend: str, plain: list[dict[str, Any]], args: argparse.Namespace) -> int:
+def _fail(message: str) -> int:
+    print(f"FAIL: {message}", file=sys.stderr)
+    return 1
+
+
+def projection(
+    backend: str, plain: list[dict[str, Any]], per_request: float, args: argparse.Namespace
+) -> int:
     """Print what the measured pending-only sizes project at ``--project`` rows: the
     claim p50 on a line in log N (a B-tree's depth), the crawl's peak RSS on a line in
-    N, the disk at the largest size's bytes per request. 1 when a projection is over
-    ``--max-claim-ratio`` or ``--max-rss-mb``."""
+    N, the disk at the largest size's ``per_request`` bytes. 1 when a projection is
+    over ``--max-claim-ratio`` or ``--max-rss-mb``."""
     target = args.project
-    lo, hi = plain[0], plain[-1]
+    lo = plain[0]
     sizes = [float(r["pending"]) for r in plain]
     a, b = _fit([math.log(n) for n in sizes], [r["claims"]["claim"]["claim"]["p50"] for r in plain])
     claim = a + b * math.log(target)
     ratio = claim / lo["claims"]["claim"]["claim"]["p50"]
-    per_request = (hi["disk"]["bytes"] - hi["empty_bytes"]) / hi["pending"]
     parts = [
         f"claim p50 {claim:.2f} ms ({ratio:.2f}x {lo['case']})",
         f"disk {per_request * target / 1e9:.1f} GB",
@@ -877,17 +877,9 @@ def projection(backend: str, plain: list[dict[str, Any]], args: argparse.Namespa
     print(f"{backend}: projected at {label(target)} from {cases}: {'; '.join(parts)}")
     status = 0
     if not ratio <= args.max_claim_ratio:
-        print(
-            f"FAIL: {backend} projected claim p50 at {label(target)} is {ratio:.2f}x",
-            file=sys.stderr,
-        )
-        status = 1
+        status = _fail(f"{backend} projected claim p50 at {label(target)} is {ratio:.2f}x")
     if rss is not None and not rss <= args.max_rss_mb:
-        print(
-            f"FAIL: {backend} projected peak RSS at {label(target)} is {rss:.1f} MB",
-            file=sys.stderr,
-        )
-        status = 1
+        status = _fail(f"{backend} projected peak RSS at {label(target)} is {rss:.1f} MB")
     return status
 
 

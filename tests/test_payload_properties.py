@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from typing import Any
 
@@ -217,6 +218,19 @@ def requests(draw: st.DrawFn) -> tuple[scrapy.Request, str | None]:
     return request, unstorable
 
 
+def _holds_surrogate_pair(request: scrapy.Request) -> bool:
+    stack: list[Any] = [request.meta, request.cb_kwargs, request.cookies, request.flags]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend([*value.keys(), *value.values()])
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, str) and re.search("[\ud800-\udbff][\udc00-\udfff]", value):
+            return True
+    return False
+
+
 def assert_same_request(back: scrapy.Request, request: scrapy.Request) -> None:
     assert type(back) is type(request)
     assert back.url == request.url
@@ -248,6 +262,11 @@ def test_requests_round_trip_or_are_refused_by_name(case: tuple[scrapy.Request, 
             event(f"refused: URL not stable in {request.encoding}")
             rebuilt = type(request)(request.url, encoding=request.encoding)
             assert rebuilt.url != request.url
+            return
+        if unstorable is None and "lone high surrogate followed" in str(exc):
+            # Text JSON gives back as another character (a pair of lone surrogates).
+            event("refused: lone surrogate pair")
+            assert _holds_surrogate_pair(request)
             return
         event("refused: unstorable value")
         assert unstorable is not None, f"refused a storable request: {exc}"

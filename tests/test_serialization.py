@@ -472,3 +472,17 @@ def test_request_id_is_not_stored(spider):
     request = scrapy.Request("http://127.0.0.2/", meta={"reliability_request_id": 5, "k": 1})
     data = json.loads(request_to_payload(request, spider))
     assert data["meta"] == {"k": 1}
+
+
+def test_text_holding_a_pair_of_lone_surrogates_is_refused_by_name(spider):
+    """ASCII JSON writes a lone high surrogate followed by a lone low one as it writes
+    the one character beyond the BMP they name: read back, the text would change."""
+    for field, request in (
+        ("meta", scrapy.Request(_URL, meta={"\ud800\udc00": None})),
+        ("cb_kwargs", scrapy.Request(_URL, cb_kwargs={"k": ["a\udbff\udfffb"]})),
+    ):
+        with pytest.raises(UnserializableRequest, match=f"^{field} of .*lone high surrogate"):
+            request_to_payload(request, spider)
+    # The character itself, and lone surrogates apart, round-trip.
+    kept = {"k": "\U00010000 \ud800 \udc00"}
+    assert roundtrip(scrapy.Request(_URL, meta=kept), spider).meta == kept

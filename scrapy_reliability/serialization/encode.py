@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 import weakref
 from typing import Any, cast
 
@@ -200,6 +201,8 @@ def request_to_payload(
     payload = _encode(data, spider, request)
     if _TAG in payload:
         _refuse_tag_lookalikes(data, request)
+    if _HIGH_SURROGATE_ESCAPE.search(payload):
+        _refuse_surrogate_pairs(data, request)
     if len(payload) > MAX_PAYLOAD_LENGTH:
         fields = [f for f in (*_VALUE_FIELDS, "body", "body_b64", "headers") if f in data]
         with _for_spider(spider):
@@ -302,6 +305,33 @@ def _encode(data: dict[str, Any], spider: Spider, request: Request) -> str:
                 except _UNWRITABLE:
                     _check_field(field, value, request)
     raise UnserializableRequest(f"{request!r} cannot be stored as JSON")
+
+
+# ASCII JSON writes a character beyond the BMP as an escaped surrogate pair, and a
+# lone high surrogate followed by a lone low one the same way: read back, the two
+# become that one character. Text holding such a pair cannot be stored as it is.
+_HIGH_SURROGATE_ESCAPE = re.compile(r"\\ud[89ab]")
+_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+
+
+def _refuse_surrogate_pairs(data: dict[str, Any], request: Request) -> None:
+    """Refuse a request whose stored text holds a lone high surrogate followed by a
+    lone low one: JSON would give it back as another character."""
+    for field in _VALUE_FIELDS:
+        stack = [data.get(field)]
+        while stack:
+            value = stack.pop()
+            if isinstance(value, dict):
+                stack.extend(value.keys())
+                stack.extend(value.values())
+            elif isinstance(value, (list, tuple)):
+                stack.extend(value)
+            elif isinstance(value, str) and _SURROGATE_PAIR.search(value):
+                raise UnserializableRequest(
+                    f"{field} of {request!r} holds text with a lone high surrogate followed "
+                    "by a lone low one, which JSON gives back as one other character: "
+                    "store such text as bytes (encoded with 'surrogatepass')"
+                )
 
 
 def _refuse_tag_lookalikes(data: dict[str, Any], request: Request) -> None:

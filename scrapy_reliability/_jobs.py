@@ -44,30 +44,3 @@ def worker_identity() -> tuple[str, str, int]:
     hostname = socket.gethostname()
     pid = os.getpid()
     return f"{hostname[:40]}:{pid}:{os.urandom(4).hex()}{MARK}", hostname, pid
-
-
-def local_process_is_dead(hostname: str, pid: int) -> bool:
-    """Whether a worker that registered from ``hostname``/``pid`` is certainly gone.
-
-    Only processes of this host can be checked; a worker elsewhere is waited
-    for until its leases expire.
-    """
-    if hostname != socket.gethostname():
-        return False
-    if pid == os.getpid():
-        return True  # a predecessor with our pid (a restarted container): not us
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"

@@ -110,7 +110,10 @@ def check_frontier(crawler: Crawler | None, settings: BaseSettings, config: Conf
     name = _jobs.job_name(config, settings, spider.name)
     try:
         frontier = Frontier.connect(
-            url, auto_migrate=config.auto_migrate, busy_timeout=config.sqlite_busy_timeout
+            url,
+            auto_migrate=config.auto_migrate,
+            busy_timeout=config.sqlite_busy_timeout,
+            live_within=config.lease_seconds,
         )
         try:
             moved = tombstone.refuse_crawl(frontier.engine, name, allow=config.allow_moved)

@@ -177,6 +177,7 @@ class DupeFilter(BaseDupeFilter):
             url,
             auto_migrate=self.config.auto_migrate,
             busy_timeout=self.config.sqlite_busy_timeout,
+            live_within=self.config.lease_seconds,
         )
         self._job = self._frontier.open_job(
             _jobs.job_name(self.config, settings, name) + ":dupefilter",

@@ -159,6 +159,7 @@ class HttpCacheStorage:
             auto_migrate=config.auto_migrate,
             busy_timeout=config.sqlite_busy_timeout,
             exclusive=False,
+            live_within=config.lease_seconds,
         )
         self._engine = engine
         self._stats = crawler.stats

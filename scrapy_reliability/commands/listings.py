@@ -13,7 +13,6 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from scrapy_reliability import _jobs
 from scrapy_reliability.commands.context import Context, JobGone
 from scrapy_reliability.commands.text import ago, clip, iso, table, when
 from scrapy_reliability.config import Config
@@ -172,7 +171,7 @@ def worker_states(
         return {}
     with reading(engine) as conn:
         dead = liveness.dead_workers(
-            conn, [(w.id, w.hostname, w.pid) for w in found], _jobs.local_process_is_dead
+            conn, [(w.id, w.hostname, w.pid) for w in found], liveness.local_process_is_dead
         )
     states = {}
     for w in found:

@@ -22,10 +22,9 @@ from typing import Any
 from scrapy.exceptions import UsageError
 from sqlalchemy.engine import URL
 
-from scrapy_reliability import _jobs
 from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.commands.text import table
-from scrapy_reliability.frontier import dialect
+from scrapy_reliability.frontier import dialect, liveness
 from scrapy_reliability.frontier import job_copy as mover
 from scrapy_reliability.frontier.connections import reading
 
@@ -54,7 +53,7 @@ def move_job(ctx: Context, args: list[str]) -> bool:
         beating = mover.live_workers(conn, names, since=ctx.now - lease)
     # A worker of this host whose process is gone is dead at once (as lease recovery
     # decides); one elsewhere counts as live until its heartbeat is a lease old.
-    live = [w for w in beating if not _jobs.local_process_is_dead(w.hostname, w.pid)]
+    live = [w for w in beating if not liveness.local_process_is_dead(w.hostname, w.pid)]
     if live:
         who = ", ".join(f"{w.hostname} pid {w.pid}" for w in live)
         raise CommandFailed(

@@ -159,7 +159,7 @@ def migrate_schema(ctx: Context, args: list[str]) -> None:
     spider = ctx.one_spider(args, required=False)
     url = ctx.database_url(spider)
     engine = ctx.engine(url)
-    before, after = migrate.upgrade(engine)
+    before, after = migrate.upgrade(engine, live_within=ctx.config(spider).lease_seconds)
     shown = dialect.redact(url)
     if ctx.opts.json:
         ctx.print_json({"database": shown, "before": before, "after": after})

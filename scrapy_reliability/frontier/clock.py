@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
-__all__ = ["measure", "now", "offset", "set_offset"]
+__all__ = ["measure", "now", "offset", "server_now", "set_offset"]
 
 #: A measurement whose round trip took longer says too little to be used.
 MAX_ROUND_TRIP = 1.0
@@ -64,3 +64,11 @@ def measure(engine: Engine) -> float | None:
         measured = 0.0
     set_offset(measured)
     return measured
+
+
+def server_now(conn: Connection) -> float:
+    """The database server's clock read on ``conn`` (PostgreSQL), or this process's
+    (SQLite: one machine), for a decision that cannot wait for :func:`measure`."""
+    if conn.dialect.name != "postgresql":
+        return time.time()
+    return float(conn.execute(_SERVER_TIME).scalar_one())

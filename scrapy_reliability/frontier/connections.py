@@ -25,11 +25,12 @@ def open_engine(
     auto_migrate: bool,
     busy_timeout: float,
     exclusive: bool,
+    live_within: float = migrate.LIVE_WITHIN,
 ) -> tuple[Engine, dialect.SqliteProcessLock | None]:
     """An engine on ``url`` whose schema is checked (or migrated), and for SQLite
     with ``exclusive`` the lock that keeps the file to this process
     (:class:`FrontierLocked` if another holds it). ``limits``: its PostgreSQL
-    sessions' (see :mod:`.pgsession`)."""
+    sessions' (see :mod:`.pgsession`); ``live_within``: see :func:`.migrate.upgrade`."""
     parsed = dialect.parse_url(url)
     lock = None
     if parsed.get_backend_name() == "sqlite" and exclusive:
@@ -39,7 +40,7 @@ def open_engine(
     try:
         engine = dialect.create(parsed, busy_timeout=busy_timeout, limits=limits)
         try:
-            migrate.check(engine, auto_migrate=auto_migrate)
+            migrate.check(engine, auto_migrate=auto_migrate, live_within=live_within)
         except OperationalError as exc:
             raise migrate.unavailable(parsed, exc) from None
     except BaseException:

@@ -52,6 +52,33 @@ class SchemaTooNew(SchemaError):
         )
 
 
+class WorkersRunning(SchemaError):
+    """An upgrade refused because workers still run on the database: started with the
+    older schema, they would misread what the new one writes. Nothing was changed."""
+
+    def __init__(
+        self,
+        url: str,
+        current: str,
+        head: str,
+        running: list[tuple[str, int, float]],
+        within: float,
+    ):
+        self.running = running
+        shown = "; ".join(f"{host} pid {pid}, {age:.0f} s ago" for host, pid, age in running[:5])
+        more = f"; and {len(running) - 5} more" if len(running) > 5 else ""
+        count = (
+            "1 worker still beats" if len(running) == 1 else f"{len(running)} workers still beat"
+        )
+        super().__init__(
+            f"Not upgrading the frontier database {url} from schema version {current!r} "
+            f"to {head!r}: {count} on it ({shown}{more}), and a "
+            "worker of the older release would misread what the new schema writes. Stop "
+            "them, then upgrade; nothing was changed. A worker that was killed stops "
+            f"counting {within:g} s after its last beat."
+        )
+
+
 class FrontierUnavailable(FrontierError):
     """The database cannot be reached or opened."""
 

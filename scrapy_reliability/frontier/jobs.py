@@ -8,7 +8,18 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Table, delete, exists, func, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Table,
+    delete,
+    exists,
+    func,
+    or_,
+    select,
+    update,
+)
 
 from scrapy_reliability.frontier import dialect, learned, operator_limits, operator_writes
 from scrapy_reliability.frontier.errors import JobFinished, JobMismatch
@@ -202,6 +213,20 @@ def prune_run_rows(conn: Connection, job_ids: list[int], table: Table, chunk: in
     if table is requests or table is dead_letters:
         where = table.c.id.in_(select(table.c.id).where(where).limit(chunk).scalar_subquery())
     return int(conn.execute(delete(table).where(where)).rowcount)
+
+
+def prune_runs(engine: Engine, name: str, keep: int, chunk: int) -> tuple[int, int]:
+    """Delete the rows of job ``name``'s runs before its ``keep`` latest, ``chunk`` at
+    a time, one transaction each; returns (runs pruned, rows deleted)."""
+    with engine.begin() as conn:
+        old = old_runs(conn, name, keep)
+    deleted, n = 0, chunk
+    for table in RUN_TABLES if old else ():
+        while n >= chunk:
+            with engine.begin() as conn:
+                deleted += (n := prune_run_rows(conn, old, table, chunk))
+        n = chunk
+    return len(old), deleted
 
 
 def _check_policy_change(
@@ -450,13 +475,5 @@ def expire(conn: Connection, job_id: int, now: float) -> int:
             requests.c.state == LEASED,
             requests.c.lease_expires_at < now,
         )
-        .values(cleared_lease(PENDING, now))
-    ).rowcount
-
-
-def release_leases_of(conn: Connection, worker_id: str, now: float) -> int:
-    return conn.execute(
-        update(requests)
-        .where(requests.c.worker_id == worker_id, requests.c.state == LEASED)
         .values(cleared_lease(PENDING, now))
     ).rowcount

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from sqlalchemy import Connection, Engine
 
 from scrapy_reliability._crashpoints import crash_point
-from scrapy_reliability.frontier import clock, jobs
+from scrapy_reliability.frontier import clock, jobs, liveness
 from scrapy_reliability.frontier.tokens import ClaimTokens
 
 Transaction = Callable[[], contextlib.AbstractContextManager[Connection]]
@@ -61,7 +61,7 @@ class Leases:
 
     def release_of(self, worker_id: str, now: float) -> int:
         with self._engine.begin() as conn:
-            released = jobs.release_leases_of(conn, worker_id, now)
+            released = liveness.release_leases_of(conn, worker_id, now)
             if released:
                 crash_point("mid_release")
             return released

@@ -5,7 +5,7 @@ lease ends (30 s by default) unless something knows sooner that it is gone. Two
 things do:
 
 - On one host, its process: the pid a worker registered is checked (``is_dead``,
-  given by the caller: ``_jobs.local_process_is_dead``).
+  given by the caller: :func:`local_process_is_dead`).
 - On PostgreSQL, its session. Each worker holds a session-level advisory lock,
   keyed by its worker id, on a connection of its own for as long as it runs
   (:class:`SessionLock`); the server releases it the moment that session ends (the
@@ -23,12 +23,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
+import socket
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 from sqlalchemy import Connection, Engine, select, text, update
 
-from scrapy_reliability.frontier.jobs import release_leases_of
-from scrapy_reliability.frontier.schema import workers
+from scrapy_reliability.frontier.schema import LEASED, PENDING, requests, workers
+from scrapy_reliability.frontier.transitions import cleared_lease
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +101,33 @@ class SessionLock:
         self._discard()
 
 
+def local_process_is_dead(hostname: str, pid: int) -> bool:
+    """Whether a worker that registered from ``hostname``/``pid`` is certainly gone.
+
+    Only processes of this host can be checked; a worker elsewhere is waited
+    for until its leases expire.
+    """
+    if hostname != socket.gethostname():
+        return False
+    if pid == os.getpid():
+        return True  # a predecessor with our pid (a restarted container): not us
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
 def sessions_gone(conn: Connection, worker_ids: Iterable[str]) -> set[str]:
     """Of ``worker_ids`` (PostgreSQL), those with :data:`MARK` whose session lock
     no session holds: their session ended. Takes nothing past the transaction."""
@@ -126,6 +156,35 @@ def dead_workers(
         rest = [wid for wid, _h, _p in rows if wid not in found]
         found.update(dict.fromkeys(sessions_gone(conn, rest), "session gone"))
     return found
+
+
+def running_workers(conn: Connection, *, within: float, now: float) -> list[tuple[str, int, float]]:
+    """Workers of any job that may still run: not stopped, heard from in the last
+    ``within`` seconds before ``now`` (the server's clock), and not certainly gone
+    (:func:`dead_workers`, with this host's pid check). Each as (hostname, pid,
+    seconds since its last beat), oldest registration first."""
+    rows = conn.execute(
+        select(workers.c.id, workers.c.hostname, workers.c.pid, workers.c.heartbeat_at)
+        .where(workers.c.stopped_at.is_(None), workers.c.heartbeat_at >= now - within)
+        .order_by(workers.c.started_at)
+    ).all()
+    if not rows:
+        return []
+    gone = dead_workers(conn, [(r.id, r.hostname, r.pid) for r in rows], local_process_is_dead)
+    return [
+        (str(r.hostname), int(r.pid), max(0.0, now - float(r.heartbeat_at)))
+        for r in rows
+        if r.id not in gone
+    ]
+
+
+def release_leases_of(conn: Connection, worker_id: str, now: float) -> int:
+    """Send the rows ``worker_id`` holds back to pending; returns how many."""
+    return conn.execute(
+        update(requests)
+        .where(requests.c.worker_id == worker_id, requests.c.state == LEASED)
+        .values(cleared_lease(PENDING, now))
+    ).rowcount
 
 
 def recover_dead(

@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 
-from scrapy_reliability.frontier import dialect
+from scrapy_reliability.frontier import clock, dialect, liveness
 from scrapy_reliability.frontier.dialect import migration_lock, redact
 from scrapy_reliability.frontier.errors import (
     FrontierError,
@@ -23,6 +23,7 @@ from scrapy_reliability.frontier.errors import (
     SchemaError,
     SchemaOutdated,
     SchemaTooNew,
+    WorkersRunning,
     first_line,
 )
 from scrapy_reliability.frontier.schema import VERSION_TABLE, metadata
@@ -53,8 +54,17 @@ def current_revision(engine: Engine) -> str | None:
         return context.get_current_revision()
 
 
+#: How recently a worker must have beaten to count as running, unless the caller knows
+#: the fleet's lease (RELIABILITY_LEASE_SECONDS; a worker beats at least once per lease).
+LIVE_WITHIN = 30.0
+
+
 def upgrade(
-    engine: Engine, *, create_only: bool = False, given_by: str = dialect.URL_SETTING
+    engine: Engine,
+    *,
+    create_only: bool = False,
+    given_by: str = dialect.URL_SETTING,
+    live_within: float = LIVE_WITHIN,
 ) -> tuple[str | None, str]:
     """Bring the schema to head; return (revision before, revision after).
 
@@ -62,8 +72,11 @@ def upgrade(
     (:class:`SchemaTooNew`) and left untouched; so is one with frontier tables but
     no version. Everything is decided under the migration lock, so workers
     starting together on a fresh database create it once. With ``create_only``
-    an existing older schema is refused (:class:`SchemaOutdated`) instead. Errors
-    name the database URL as ``given_by``.
+    an existing older schema is refused (:class:`SchemaOutdated`) instead. An
+    older schema is not upgraded while workers beat on it (:class:`WorkersRunning`:
+    heard from within ``live_within`` seconds and not certainly gone), since each
+    checked the schema only when it started. Errors name the database URL as
+    ``given_by``.
     """
     url = redact(engine.url)
     try:
@@ -84,6 +97,11 @@ def upgrade(
                 raise SchemaTooNew(url, before)
             elif create_only and before != head_revision():
                 raise SchemaOutdated(url, before, head_revision())
+            elif before != head_revision():
+                now = clock.server_now(conn)
+                running = liveness.running_workers(conn, within=live_within, now=now)
+                if running:
+                    raise WorkersRunning(url, before, head_revision(), running, live_within)
             if before is None and conn.dialect.name == "sqlite":
                 _create_sqlite_at_head(conn)
             else:
@@ -233,12 +251,13 @@ def unavailable(
     )
 
 
-def check(engine: Engine, *, auto_migrate: bool) -> None:
+def check(engine: Engine, *, auto_migrate: bool, live_within: float = LIVE_WITHIN) -> None:
     """Make sure the schema is the one this code uses.
 
     A fresh database (no frontier tables at all) is created. An older schema
     raises :class:`SchemaOutdated` (or is upgraded with ``auto_migrate``); a
     newer or unknown one raises :class:`SchemaTooNew`: it is never touched.
+    ``live_within``: see :func:`upgrade`.
     """
     url = redact(engine.url)
     head = head_revision()
@@ -257,4 +276,4 @@ def check(engine: Engine, *, auto_migrate: bool) -> None:
         raise SchemaTooNew(url, current)
     if not auto_migrate:
         raise SchemaOutdated(url, current, head)
-    upgrade(engine)
+    upgrade(engine, live_within=live_within)

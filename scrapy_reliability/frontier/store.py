@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import SQLAlchemyError as _SQLAlchemyError
 
 from scrapy_reliability._crashpoints import crash_point
-from scrapy_reliability.frontier import clock, dialect, jobs, liveness
+from scrapy_reliability.frontier import clock, dialect, jobs, liveness, migrate
 from scrapy_reliability.frontier.claim import Claimer
 from scrapy_reliability.frontier.connections import Connections, open_engine
 from scrapy_reliability.frontier.domains import DomainRows
@@ -127,14 +127,21 @@ class Frontier:
         busy_timeout: float = 30.0,
         exclusive: bool = True,
         limits: SessionLimits | None = None,
+        live_within: float = migrate.LIVE_WITHIN,
     ) -> Frontier:
-        """Open the frontier at ``url`` (a SQLAlchemy URL) and check its schema.
+        """Open the frontier at ``url`` (a SQLAlchemy URL) and check its schema
+        (:func:`.migrate.check`; ``live_within``: the fleet's lease).
 
         For SQLite with ``exclusive``, the file is locked to this process
         (:class:`FrontierLocked` if another holds it). ``limits``: PostgreSQL's.
         """
         engine, lock = open_engine(
-            url, limits, auto_migrate=auto_migrate, busy_timeout=busy_timeout, exclusive=exclusive
+            url,
+            limits,
+            auto_migrate=auto_migrate,
+            busy_timeout=busy_timeout,
+            exclusive=exclusive,
+            live_within=live_within,
         )
         return cls(engine, lock=lock)
 
@@ -199,15 +206,7 @@ class Frontier:
         """Delete the rows of job ``name``'s runs before its ``keep`` latest, one chunk
         per transaction (a crawl's writes never wait long); the jobs rows stay.
         Returns (runs pruned, rows deleted)."""
-        with self.engine.begin() as conn:
-            old = jobs.old_runs(conn, name, keep)
-        deleted, n = 0, chunk
-        for table in jobs.RUN_TABLES if old else ():
-            while n >= chunk:
-                with self.engine.begin() as conn:
-                    deleted += (n := jobs.prune_run_rows(conn, old, table, chunk))
-            n = chunk
-        return len(old), deleted
+        return jobs.prune_runs(self.engine, name, keep, chunk)
 
     def job_keys(self, name: str) -> tuple[str, str, str | None] | None:
         """(state, dedup scheme, URL policy) of the latest run of job ``name``."""

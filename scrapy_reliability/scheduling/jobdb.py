@@ -14,7 +14,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from scrapy_reliability import _jobs
 from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.config import Config, RetryPass
 from scrapy_reliability.frontier import (
@@ -146,6 +145,7 @@ def open_job(
         auto_migrate=config.auto_migrate,
         busy_timeout=config.sqlite_busy_timeout,
         limits=config.postgres,
+        live_within=config.lease_seconds,
     )
     session_lock = None
     try:
@@ -189,7 +189,7 @@ def open_job(
         frontier.record_limits(job.id, config.politeness.to_json())
         # One process per SQLite file (held by the lock), so any other registered
         # worker of this job is a dead predecessor.
-        is_dead = (lambda _h, _p: True) if exclusive else _jobs.local_process_is_dead
+        is_dead = (lambda _h, _p: True) if exclusive else liveness.local_process_is_dead
         recovered = frontier.recover_dead_workers(job.id, me=worker.id, is_dead=is_dead)
         recovered += frontier.expire(job.id)
         counts = frontier.counts(job.id) if job.resumed else {}
@@ -284,7 +284,7 @@ def find_dead(frontier: Frontier, worker_id: str, job_id: int) -> dict[str, int]
     if frontier.engine.dialect.name == "sqlite":
         return {}  # one process per file: its dead predecessors went at open
     return liveness.recover_dead(
-        frontier.engine, job_id, worker_id, _jobs.local_process_is_dead, clock.now()
+        frontier.engine, job_id, worker_id, liveness.local_process_is_dead, clock.now()
     )
 
 

@@ -8,6 +8,7 @@ import contextlib
 import json
 import re
 import weakref
+from collections.abc import Iterator
 from typing import Any, cast
 
 from scrapy import Request, Spider
@@ -314,39 +315,39 @@ _HIGH_SURROGATE_ESCAPE = re.compile(r"\\ud[89ab]")
 _SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 
 
-def _refuse_surrogate_pairs(data: dict[str, Any], request: Request) -> None:
-    """Refuse a request whose stored text holds a lone high surrogate followed by a
-    lone low one: JSON would give it back as another character."""
+def _nodes(data: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Each value the request's own fields hold (meta, cookies, cb_kwargs, flags) at
+    any depth, dict keys included, with the name of its field."""
     for field in _VALUE_FIELDS:
         stack = [data.get(field)]
         while stack:
             value = stack.pop()
+            yield field, value
             if isinstance(value, dict):
                 stack.extend(value.keys())
                 stack.extend(value.values())
             elif isinstance(value, (list, tuple)):
                 stack.extend(value)
-            elif isinstance(value, str) and _SURROGATE_PAIR.search(value):
-                raise UnserializableRequest(
-                    f"{field} of {request!r} holds text with a lone high surrogate followed "
-                    "by a lone low one, which JSON gives back as one other character: "
-                    "store such text as bytes (encoded with 'surrogatepass')"
-                )
+
+
+def _refuse_surrogate_pairs(data: dict[str, Any], request: Request) -> None:
+    """Refuse a request whose stored text holds a lone high surrogate followed by a
+    lone low one: JSON would give it back as another character."""
+    for field, value in _nodes(data):
+        if isinstance(value, str) and _SURROGATE_PAIR.search(value):
+            raise UnserializableRequest(
+                f"{field} of {request!r} holds text with a lone high surrogate followed "
+                "by a lone low one, which JSON gives back as one other character: "
+                "store such text as bytes (encoded with 'surrogatepass')"
+            )
 
 
 def _refuse_tag_lookalikes(data: dict[str, Any], request: Request) -> None:
     """A dict of the request's own with the key that marks codec values would be
     rebuilt as a codec value (or refused as corrupt): refuse it now."""
-    for field in _VALUE_FIELDS:
-        stack = [data.get(field)]
-        while stack:
-            value = stack.pop()
-            if isinstance(value, dict):
-                if _TAG in value:
-                    raise UnserializableRequest(
-                        f"{field} of {request!r} holds a dict with the key {_TAG!r}, "
-                        "which the frontier reserves for the values of its codecs"
-                    )
-                stack.extend(value.values())
-            elif isinstance(value, (list, tuple)):
-                stack.extend(value)
+    for field, value in _nodes(data):
+        if isinstance(value, dict) and _TAG in value:
+            raise UnserializableRequest(
+                f"{field} of {request!r} holds a dict with the key {_TAG!r}, "
+                "which the frontier reserves for the values of its codecs"
+            )

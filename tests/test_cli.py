@@ -384,7 +384,7 @@ def test_bad_arguments_are_refused_with_what_to_do(tmp_path: Path) -> None:
     assert "unknown error class 'bogus'" in result.stderr
     result = frontier_cmd(tmp_path, "purge", "--database-url", "sqlite:///x.sqlite")
     assert result.returncode == 2
-    assert "--dead-letters, --pending, --whole-job or --tombstone" in result.stderr
+    assert "--dead-letters, --pending, --done, --whole-job or --tombstone" in result.stderr
 
 
 def test_status_counts_come_from_one_snapshot(frontier_url: str) -> None:

@@ -20,8 +20,9 @@ with the same settings would; ``--database-url`` and ``--job`` override):
 * ``add SPIDER URL... [--from FILE] [--callback NAME] [--priority P]``: URLs into a
   job, live or not, keyed and checked as the spider's own requests.
 * ``stop SPIDER``: every live worker of the job closes as Ctrl-C would.
-* ``purge SPIDER``: delete dead letters, drop pending requests, a whole job, or
-  the tombstone of a job that moved away (``--tombstone``).
+* ``purge SPIDER``: delete dead letters, drop pending requests, forget done ones
+  acked long ago (``--done --older-than 30d``, archived with ``--output``), a whole
+  job, or the tombstone of a job that moved away (``--tombstone``).
 * ``move SPIDER --to URL``: copy the job (every run and row) to another database,
   leave a tombstone in the source (``--delete-source``: and delete its rows there).
 * ``rekey SPIDER``: compute every row's dedup key again under the crawl's request
@@ -131,7 +132,8 @@ class FrontierCommand(ScrapyCommand):
             "[--rate R] [--concurrency N] (--reset); add SPIDER URL... (--from FILE, "
             "--callback NAME, --priority P); stop SPIDER (every worker "
             "closes as Ctrl-C would); purge SPIDER (--dead-letters, "
-            "--pending, --whole-job or --tombstone, with --yes); move SPIDER --to URL "
+            "--pending, --done --older-than D, --whole-job or --tombstone, with --yes); "
+            "move SPIDER --to URL "
             "(copy the job to another database, leave a tombstone; --delete-source); "
             "rekey SPIDER "
             "(dedup keys under the current canonical URL policy, rows of one page merged); "
@@ -168,7 +170,8 @@ class FrontierCommand(ScrapyCommand):
             "--older-than",
             metavar="DURATION",
             help="dead, requeue, purge: only failures at least this old (30m, 6h, 2d); "
-            "cache: entries stored at least this long ago",
+            "purge --done: rows acked at least this long ago; cache: entries stored at "
+            "least this long ago",
         )
         group.add_argument(
             "--limit",
@@ -180,7 +183,8 @@ class FrontierCommand(ScrapyCommand):
             "-o",
             "--output",
             metavar="FILE",
-            help="dead: export to FILE (.jsonl, or .csv); report: the HTML file to write",
+            help="dead: export to FILE (.jsonl, or .csv); report: the HTML file to write; "
+            "purge --done: archive the forgotten rows to FILE (.jsonl, appended)",
         )
         group.add_argument(
             "--dry-run",
@@ -199,6 +203,11 @@ class FrontierCommand(ScrapyCommand):
             help="cache: only entries stored under this RELIABILITY_CACHE_NAMESPACE",
         )
         group.add_argument("--dead-letters", action="store_true", help="purge dead letters")
+        group.add_argument(
+            "--done",
+            action="store_true",
+            help="purge done requests acked --older-than ago (archived to --output FILE.jsonl)",
+        )
         group.add_argument(
             "--pending", action="store_true", help="purge pending requests (they become ignored)"
         )

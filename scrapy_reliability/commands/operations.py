@@ -10,12 +10,18 @@ removes the old copy and keeps the tombstone, so the job still has one home."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 from scrapy.exceptions import UsageError
 
 from scrapy_reliability.commands.context import CommandFailed, Context, JobGone
-from scrapy_reliability.frontier import dialect, learned, migrate, tombstone
+from scrapy_reliability.frontier import dialect, learned, migrate, pruning, tombstone
+from scrapy_reliability.retrypass import parse_duration
 
 
 def requeue_dead(ctx: Context, args: list[str]) -> None:
@@ -41,14 +47,17 @@ def requeue_dead(ctx: Context, args: list[str]) -> None:
 def purge(ctx: Context, args: list[str]) -> None:
     spider = ctx.one_spider(args)
     opts = ctx.opts
-    targets = [opts.dead_letters, opts.pending, opts.whole_job, opts.tombstone]
+    targets = [opts.dead_letters, opts.pending, opts.whole_job, opts.tombstone, opts.done]
     if sum(targets) != 1:
         raise UsageError(
-            "purge what? pass one of --dead-letters, --pending, --whole-job or --tombstone "
-            "(add --yes to really delete)"
+            "purge what? pass one of --dead-letters, --pending, --done, --whole-job or "
+            "--tombstone (add --yes to really delete)"
         )
     if opts.tombstone:
         forget_move(ctx, spider)
+        return
+    if opts.done:
+        forget_done(ctx, spider)
         return
     selection = ctx.dead_filter()
     # The whole job may go where it moved away from: its tombstone stays.
@@ -87,6 +96,55 @@ def purge(ctx: Context, args: list[str]) -> None:
         ctx.out(
             f"Its tombstone stays (it {ctx.moved.describe()}): a crawl of it here is still refused."
         )
+
+
+def forget_done(ctx: Context, spider: str | None) -> None:
+    """``purge --done --older-than DURATION``: delete the done rows acked at least that
+    long ago (of ``--domain``), archived first to ``--output`` (JSON lines, appended).
+    A page forgotten so is fetched again if a link to it turns up."""
+    opts = ctx.opts
+    if not opts.older_than:
+        raise UsageError(
+            "purge --done needs --older-than DURATION (e.g. 30d): the done rows acked at "
+            "least that long ago are forgotten"
+        )
+    output = Path(opts.output) if opts.output else None
+    if output is not None and output.suffix.lower() != ".jsonl":
+        raise UsageError(f"purge --done archives to JSON lines: name the file .jsonl, not {output}")
+    before = ctx.now - parse_duration(opts.older_than)
+    inspector, job = ctx.job(spider, change="purge")
+    dry_run = not opts.yes
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(ctx.writing())
+        archive = None
+        if output is not None and not dry_run:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            fh = stack.enter_context(output.open("a", encoding="utf-8"))
+
+            def archive(rows: list[pruning.DoneRow]) -> None:
+                for row in rows:
+                    fh.write(json.dumps({"job": job.name, **dataclasses.asdict(row)}) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())  # on disk before the rows go
+
+        n = pruning.purge_done(
+            inspector.engine,
+            job.id,
+            done_before=before,
+            domains=[d.lower() for d in ctx.split(opts.domain)],
+            archive=archive,
+            dry_run=dry_run,
+        )
+    what = f"{n} done requests of job {job.name} acked over {opts.older_than} ago"
+    if opts.json:
+        ctx.print_json(
+            {"job": job.name, "dry_run": dry_run, "purged": {"done": n}, "archive": opts.output}
+        )
+    elif dry_run:
+        ctx.out(f"Would forget {what}. Pass --yes to do it.")
+    else:
+        kept = f"; archived to {output}" if output is not None else ""
+        ctx.out(f"Forgot {what}{kept}. A link to one of them fetches it again.")
 
 
 def forget_move(ctx: Context, spider: str | None) -> None:

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import create_engine, func, select
 
-from scrapy_reliability.frontier import Frontier, LeaseLost, NewRequest, Transition, WriteBatch
+from scrapy_reliability.frontier import (
+    Frontier,
+    LeaseLost,
+    NewRequest,
+    Transition,
+    WriteBatch,
+    migrate,
+)
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.schema import LEASED, PENDING, dead_letters, jobs, requests
 
@@ -67,3 +74,24 @@ def dead_letters_of(frontier: Frontier, job_id: int) -> list[dict[str, object]]:
             select(dead_letters).where(dead_letters.c.job_id == job_id).order_by(dead_letters.c.id)
         ).mappings()
         return [dict(row) for row in rows]
+
+
+def create_at(url: str, revision: str) -> None:
+    """A database built by the real migration chain up to ``revision`` only."""
+    from alembic import command
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        cfg = migrate._config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+    engine.dispose()
+
+
+def schema_version(url: str) -> str | None:
+    """The schema revision of the database at ``url``, read behind the frontier's back."""
+    engine = create_engine(url)
+    try:
+        return migrate.current_revision(engine)
+    finally:
+        engine.dispose()

@@ -24,7 +24,7 @@ from scrapy_reliability.frontier import (
     migrate,
 )
 from scrapy_reliability.frontier.schema import VERSION_TABLE, metadata
-from tests.frontier_helpers import add
+from tests.frontier_helpers import add, create_at, schema_version
 
 HEAD = migrate.head_revision()
 
@@ -67,14 +67,6 @@ def _set_version(url: str, sql: str) -> None:
     engine.dispose()
 
 
-def _version(url: str) -> str | None:
-    engine = _engine(url)
-    try:
-        return migrate.current_revision(engine)
-    finally:
-        engine.dispose()
-
-
 # -- a fresh database ------------------------------------------------------------------------
 
 
@@ -90,7 +82,7 @@ def test_fresh_database_is_created_at_head(frontier_url: str) -> None:
     # Connecting again finds it at head and changes nothing.
     store = Frontier.connect(frontier_url)
     store.close()
-    assert _version(frontier_url) == HEAD
+    assert schema_version(frontier_url) == HEAD
 
 
 def _sqlite_contents(path: Path) -> dict[str, object]:
@@ -253,20 +245,8 @@ def test_tables_without_a_version_are_refused(frontier_url: str, tamper: str) ->
         engine.dispose()
 
 
-def _create_at(url: str, revision: str) -> None:
-    """A database built by the real migration chain up to ``revision`` only."""
-    from alembic import command
-
-    engine = _engine(url)
-    with engine.begin() as conn:
-        cfg = migrate._config()
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
-    engine.dispose()
-
-
 def test_outdated_schema_names_the_migrate_command_then_upgrades(frontier_url: str) -> None:
-    _create_at(frontier_url, "0001")
+    create_at(frontier_url, "0001")
     engine = _engine(frontier_url)
     with engine.begin() as conn:
         conn.execute(
@@ -291,11 +271,11 @@ def test_outdated_schema_names_the_migrate_command_then_upgrades(frontier_url: s
     assert "'0001'" in message
     assert f"'{HEAD}'" in message
     assert "RELIABILITY_AUTO_MIGRATE" in message
-    assert _version(frontier_url) == "0001"
+    assert schema_version(frontier_url) == "0001"
     # Upgrading keeps the data: the old job resumes with its pending request.
     store = Frontier.connect(frontier_url, auto_migrate=True)
     try:
-        assert _version(frontier_url) == HEAD
+        assert schema_version(frontier_url) == HEAD
         job = store.open_job("old", "s")
         assert job.resumed
         assert store.counts(job.id) == {"pending": 1}
@@ -311,7 +291,7 @@ def test_newer_schema_is_never_touched(frontier_url: str) -> None:
             Frontier.connect(frontier_url, auto_migrate=auto_migrate)
         assert "'9999'" in str(info.value)
         assert "Upgrade scrapy-reliability" in str(info.value)
-    assert _version(frontier_url) == "9999"
+    assert schema_version(frontier_url) == "9999"
     engine = _engine(frontier_url)
     try:
         assert _row_counts(engine) == before
@@ -398,7 +378,7 @@ def test_migrate_command(frontier_url: str, tmp_path: Path) -> None:
     first = _migrate_command(frontier_url, tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"schema upgraded from None to {HEAD}" in first.stdout
-    assert _version(frontier_url) == HEAD
+    assert schema_version(frontier_url) == HEAD
     second = _migrate_command(frontier_url, tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"schema already at {HEAD}" in second.stdout
@@ -418,7 +398,7 @@ def test_migrate_command_fails_cleanly(case: str, sqlite_url: str, tmp_path: Pat
     output = result.stdout + result.stderr
     assert "s3cret" not in output
     if case == "too-new":
-        assert _version(url) == "9999"
+        assert schema_version(url) == "9999"
         engine = _engine(url)
         assert _row_counts(engine) == before
         engine.dispose()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.pruning import DoneRow, purge_done
 from scrapy_reliability.frontier.schema import requests
 from tests.frontier_helpers import add
+from tests.test_cli import frontier_cmd
 
 DAY = 86_400.0
 NOW = 1_800_000_000.0
@@ -169,21 +169,40 @@ def test_a_running_fleet_goes_on_while_done_rows_are_forgotten(postgres_url: str
         purger.close()
 
 
-FRONTIER_PURGE = (sys.executable, "-m", "scrapy.cmdline", "frontier", "purge")
+@pytest.mark.postgres
+def test_a_row_another_session_holds_is_left_without_waiting(postgres_url: str) -> None:
+    store = Frontier.connect(postgres_url)
+    try:
+        job = store.open_job("j", "s").id
+        add(store, job, _requests("a", 6, "a.example"))
+        _settle(store, job, 6, OLD, Outcome.DONE)
+        held = store.engine.connect()
+        try:
+            # A frozen session holds one of the old done rows.
+            held.execute(
+                select(requests.c.id).where(requests.c.fingerprint == "a3").with_for_update()
+            ).one()
+            result: list[int] = []
+            purge = threading.Thread(
+                target=lambda: result.append(purge_done(store.engine, job, done_before=CUTOFF))
+            )
+            purge.start()
+            purge.join(timeout=30)
+            assert not purge.is_alive(), "the purge waited for the session's lock"
+            assert result == [5]
+        finally:
+            held.rollback()
+            held.close()
+        assert purge_done(store.engine, job, done_before=CUTOFF) == 1
+        assert not _urls(store, job, "done")
+    finally:
+        store.close()
 
 
 def _purge_command(url: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*FRONTIER_PURGE, "--database-url", url, "--job", "j", "--done", *args],
-        cwd=cwd,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return frontier_cmd(cwd, "purge", "--database-url", url, "--job", "j", "--done", *args)
 
 
-@pytest.mark.crawl
 def test_the_purge_command_forgets_and_archives(sqlite_url: str, tmp_path: Path) -> None:
     store = Frontier.connect(sqlite_url)
     try:

@@ -17,6 +17,8 @@ from sqlalchemy import create_engine, text
 from scrapy_reliability.frontier import Frontier, SchemaError, migrate
 from scrapy_reliability.frontier.errors import WorkersRunning
 from scrapy_reliability.frontier.liveness import MARK
+from tests.frontier_helpers import create_at, schema_version
+from tests.test_cli import frontier_cmd
 
 #: Each test starts a process standing for a worker.
 pytestmark = pytest.mark.crawl
@@ -25,31 +27,11 @@ HEAD = migrate.head_revision()
 OLD = "0015"
 
 
-def _create_at(url: str, revision: str) -> None:
-    """A database built by the real migration chain up to ``revision`` only."""
-    from alembic import command
-
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        cfg = migrate._config()
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
-    engine.dispose()
-
-
 def _execute(url: str, sql: str, **params: object) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(text(sql), params)
     engine.dispose()
-
-
-def _version(url: str) -> str | None:
-    engine = create_engine(url)
-    try:
-        return migrate.current_revision(engine)
-    finally:
-        engine.dispose()
 
 
 def _worker(url: str, worker_id: str, host: str, pid: int, *, beat: float, stopped: bool) -> None:
@@ -85,7 +67,7 @@ def _dead_pid() -> int:
 def test_an_upgrade_waits_for_the_workers_that_still_run(
     frontier_url: str, sleeper: subprocess.Popen[bytes]
 ) -> None:
-    _create_at(frontier_url, OLD)
+    create_at(frontier_url, OLD)
     _execute(
         frontier_url,
         "INSERT INTO reliability_jobs (name, generation, state, dedup_scheme, created_at)"
@@ -119,7 +101,7 @@ def test_an_upgrade_waits_for_the_workers_that_still_run(
     assert "nothing was changed" in message
     assert "30 s after its last beat" in message
     assert isinstance(info.value, SchemaError)
-    assert _version(frontier_url) == OLD
+    assert schema_version(frontier_url) == OLD
 
     # The same for the migrate command's function, with the fleet's lease.
     engine = create_engine(frontier_url)
@@ -132,7 +114,7 @@ def test_an_upgrade_waits_for_the_workers_that_still_run(
         assert ("other-host", 4242) not in {(h, p) for h, p, _a in short.value.running}
     finally:
         engine.dispose()
-    assert _version(frontier_url) == OLD
+    assert schema_version(frontier_url) == OLD
 
     # Once they stop, the upgrade goes through and the job resumes.
     sleeper.kill()
@@ -140,7 +122,7 @@ def test_an_upgrade_waits_for_the_workers_that_still_run(
     _execute(frontier_url, "UPDATE reliability_workers SET stopped_at = heartbeat_at")
     store = Frontier.connect(frontier_url, auto_migrate=True)
     try:
-        assert _version(frontier_url) == HEAD
+        assert schema_version(frontier_url) == HEAD
         assert store.open_job("old", "s").resumed
     finally:
         store.close()
@@ -165,13 +147,13 @@ def test_a_database_at_head_opens_under_running_workers(
         stopped=False,
     )
     Frontier.connect(frontier_url, auto_migrate=True).close()
-    assert _version(frontier_url) == HEAD
+    assert schema_version(frontier_url) == HEAD
 
 
 def test_the_migrate_command_names_the_running_workers(
     sqlite_url: str, tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
-    _create_at(sqlite_url, OLD)
+    create_at(sqlite_url, OLD)
     _execute(
         sqlite_url,
         "INSERT INTO reliability_jobs (name, generation, state, dedup_scheme, created_at)"
@@ -180,25 +162,10 @@ def test_the_migrate_command_names_the_running_workers(
     _worker(
         sqlite_url, "live-here", socket.gethostname(), sleeper.pid, beat=time.time(), stopped=False
     )
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scrapy.cmdline",
-            "frontier",
-            "migrate",
-            "--database-url",
-            sqlite_url,
-        ],
-        cwd=tmp_path,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = frontier_cmd(tmp_path, "migrate", "--database-url", sqlite_url)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "Traceback" not in output
     assert f"pid {sleeper.pid}" in result.stdout
     assert "Stop them, then upgrade" in result.stdout
-    assert _version(sqlite_url) == OLD
+    assert schema_version(sqlite_url) == OLD

@@ -81,7 +81,10 @@ def purge_done(
                 requests.c.last_status,
                 requests.c.payload,
             ).where(*in_span)
-            rows = [DoneRow(*row) for row in conn.execute(query.with_for_update()).all()]
+            # A row another transaction holds (a recrawl reopening it; a frozen session)
+            # is left for the next purge: the walk waits for no peer.
+            locked = query.with_for_update(skip_locked=True)
+            rows = [DoneRow(*row) for row in conn.execute(locked).all()]
             if not rows:
                 continue
             if archive is not None:

@@ -55,7 +55,7 @@ def measure(engine: Engine) -> float | None:
         return None
     with engine.connect() as conn:
         sent = time.time()
-        server = float(conn.execute(_SERVER_TIME).scalar_one())
+        server = server_now(conn)
         back = time.time()
     if back - sent > MAX_ROUND_TRIP:
         return None

@@ -267,6 +267,30 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def latency_ms(values: list[float], quantile: float) -> dict[str, float]:
+    """Count, median, the ``quantile`` (keyed ``p95`` for 0.95) and max of ``values``
+    (seconds), the times in ms."""
+    key = f"p{round(quantile * 100)}"
+    if not values:
+        return {"n": 0, "p50": float("nan"), key: float("nan"), "max": float("nan")}
+    ordered = sorted(values)
+    at = ordered[min(len(ordered) - 1, round(quantile * (len(ordered) - 1)))]
+    return {
+        "n": len(values),
+        "p50": 1000 * statistics.median(values),
+        key: 1000 * at,
+        "max": 1000 * ordered[-1],
+    }
+
+
+#: The columns the frontier's INSERT of a new request writes, in its order: what a
+#: benchmark's COPY fills (PostgreSQL).
+INSERT_COLUMNS = (
+    "job_id, fingerprint, state, priority, domain, url, payload, not_before, "
+    "attempts, created_at, updated_at"
+)
+
+
 class PostgresDatabase:
     """CREATE DATABASE on enter, DROP DATABASE ... WITH (FORCE) on exit."""
 

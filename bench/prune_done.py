@@ -23,7 +23,6 @@ import argparse
 import itertools
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import PG_ADMIN_URL, PostgresDatabase, machine_line  # noqa: E402
+from _common import (  # noqa: E402
+    INSERT_COLUMNS,
+    PG_ADMIN_URL,
+    PostgresDatabase,
+    latency_ms,
+    machine_line,
+)
 
 from scrapy_reliability.frontier import (  # noqa: E402
     ClaimSpec,
@@ -45,10 +50,6 @@ from scrapy_reliability.frontier import (  # noqa: E402
 from scrapy_reliability.frontier.pruning import DoneRow, purge_done  # noqa: E402
 
 DAY = 86_400.0
-COLUMNS = (
-    "job_id, fingerprint, state, priority, domain, url, payload, not_before, "
-    "attempts, created_at, updated_at"
-)
 
 
 def fill(url: str, job_id: int, done: int, pending: int, now: float) -> None:
@@ -57,7 +58,7 @@ def fill(url: str, job_id: int, done: int, pending: int, now: float) -> None:
     with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
         with (
             conn.cursor() as cur,
-            cur.copy(f"COPY reliability_requests ({COLUMNS}) FROM STDIN") as copy,
+            cur.copy(f"COPY reliability_requests ({INSERT_COLUMNS}) FROM STDIN") as copy,
         ):
             for i in range(done + pending):
                 state = "done" if i < done else "pending"
@@ -91,18 +92,6 @@ def worker(url: str, job_id: int, stop: Any, out: Any) -> None:
     finally:
         frontier.close()
         out.put(samples)
-
-
-def stats(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    if not ordered:
-        return {"n": 0, "p50": float("nan"), "p99": float("nan"), "max": float("nan")}
-    return {
-        "n": len(ordered),
-        "p50": statistics.median(ordered) * 1000,
-        "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
-        "max": ordered[-1] * 1000,
-    }
 
 
 def main() -> int:
@@ -149,8 +138,8 @@ def main() -> int:
         counts = frontier.counts(job_id)
         frontier.close()
 
-    before = stats([s for at, s in samples if at < started])
-    during = stats([s for at, s in samples if started <= at <= ended])
+    before = latency_ms([s for at, s in samples if at < started], 0.99)
+    during = latency_ms([s for at, s in samples if started <= at <= ended], 0.99)
     gaps = [b - a for a, b in itertools.pairwise(spans)]
     print(
         f"forgot {forgotten:,} done rows in {took:.1f} s ({forgotten / took:,.0f} rows/s), "

@@ -93,10 +93,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    INSERT_COLUMNS,
     PG_ADMIN_URL,
     PostgresDatabase,
     crawl_env,
     crawl_problems,
+    latency_ms,
     machine_line,
     run_crawl,
     sigterm_raises,
@@ -108,10 +110,6 @@ from _common import (
 HOSTS = tuple(f"127.0.1.{k}" for k in range(1, 101))
 SITE_PAGES = 1000
 SCHEME = "scrapy_reliability.fingerprint.CanonicalFingerprinter"
-INSERT_COLUMNS = (
-    "job_id, fingerprint, state, priority, domain, url, payload, not_before, "
-    "attempts, created_at, updated_at"
-)
 
 
 def label(n: int) -> str:
@@ -368,19 +366,6 @@ def after_fill(db: Database) -> float:
 # -- the claim child -------------------------------------------------------------------------
 
 
-def _stats_ms(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"n": 0, "p50": float("nan"), "p95": float("nan"), "max": float("nan")}
-    ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {
-        "n": len(values),
-        "p50": 1000 * statistics.median(values),
-        "p95": 1000 * p95,
-        "max": 1000 * ordered[-1],
-    }
-
-
 def child_claims(spec: dict[str, Any]) -> dict[str, Any]:
     """In a fresh process: open the job as a worker does, then time claims and acks."""
     import benchproj.settings as bench_settings
@@ -451,9 +436,9 @@ def child_claims(spec: dict[str, Any]) -> dict[str, Any]:
             if time.monotonic() > end:
                 break
         out[name] = {
-            "claim": _stats_ms(claims),
-            "ack": _stats_ms(ack),
-            "short": _stats_ms(short),
+            "claim": latency_ms(claims, 0.95),
+            "ack": latency_ms(ack, 0.95),
+            "short": latency_ms(short, 0.95),
             "rows": rows_total,
             "first_ms": 1000 * (first or 0.0),
         }
@@ -480,7 +465,7 @@ def child_claims(spec: dict[str, Any]) -> dict[str, Any]:
         if time.monotonic() > end:
             break
     frontier.write(job.id, acks(previous))
-    out["ack+claim"] = {"write": _stats_ms(times), "rows": rows_total}
+    out["ack+claim"] = {"write": latency_ms(times, 0.95), "rows": rows_total}
     claim_then_ack("polite", polite)
     frontier.release_leases_of(worker.id)
     frontier.stop_worker(worker.id)

@@ -61,8 +61,11 @@ def purge_done(
         conn.rollback()
     if low is None:
         return 0
-    where = [requests.c.job_id == job_id, requests.c.state == DONE]
-    where.append(requests.c.updated_at < done_before)
+    where = [
+        requests.c.job_id == job_id,
+        requests.c.state == DONE,
+        requests.c.updated_at < done_before,
+    ]
     if domains:
         where.append(requests.c.domain.in_(list(domains)))
     purged = 0

@@ -221,6 +221,16 @@ def test_the_purge_command_forgets_and_archives(sqlite_url: str, tmp_path: Path)
     assert csv.returncode != 0
     assert "name the file .jsonl" in csv.stdout + csv.stderr
 
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    unwritable = _purge_command(
+        sqlite_url, tmp_path, "--older-than", "30d", "-o", str(blocked / "x.jsonl"), "--yes"
+    )
+    assert unwritable.returncode == 1
+    assert "Traceback" not in unwritable.stdout + unwritable.stderr
+    assert f"cannot write the archive {blocked / 'x.jsonl'}" in unwritable.stdout
+    assert "nothing was deleted" in unwritable.stdout
+
     dry = _purge_command(sqlite_url, tmp_path, "--older-than", "30d", "-o", str(archive))
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert "Would forget 3 done requests of job j acked over 30d ago" in dry.stdout

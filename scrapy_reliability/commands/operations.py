@@ -114,27 +114,42 @@ def forget_done(ctx: Context, spider: str | None) -> None:
     before = ctx.now - parse_duration(opts.older_than)
     inspector, job = ctx.job(spider, change="purge")
     dry_run = not opts.yes
+    archived = 0
     with contextlib.ExitStack() as stack:
         stack.enter_context(ctx.writing())
         archive = None
         if output is not None and not dry_run:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            fh = stack.enter_context(output.open("a", encoding="utf-8"))
+            try:
+                output.parent.mkdir(parents=True, exist_ok=True)
+                fh = stack.enter_context(output.open("a", encoding="utf-8"))
+            except OSError as exc:
+                raise CommandFailed(
+                    f"cannot write the archive {output}: {exc.strerror or exc}; nothing was deleted"
+                ) from None
 
             def archive(rows: list[pruning.DoneRow]) -> None:
+                nonlocal archived
                 for row in rows:
                     fh.write(json.dumps({"job": job.name, **dataclasses.asdict(row)}) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())  # on disk before the rows go
+                archived += len(rows)
 
-        n = pruning.purge_done(
-            inspector.engine,
-            job.id,
-            done_before=before,
-            domains=[d.lower() for d in ctx.split(opts.domain)],
-            archive=archive,
-            dry_run=dry_run,
-        )
+        try:
+            n = pruning.purge_done(
+                inspector.engine,
+                job.id,
+                done_before=before,
+                domains=[d.lower() for d in ctx.split(opts.domain)],
+                archive=archive,
+                dry_run=dry_run,
+            )
+        except OSError as exc:
+            raise CommandFailed(
+                f"cannot write the archive {output}: {exc.strerror or exc}; the {archived} "
+                "rows archived before it failed were deleted, the rest kept: free the "
+                "space and run the same command again"
+            ) from None
     what = f"{n} done requests of job {job.name} acked over {opts.older_than} ago"
     if opts.json:
         ctx.print_json(

@@ -35,9 +35,10 @@ rows), then measured:
 **How the tables are filled.** Every row is what the crawl's scheduler would write for
 ``Request(url, callback=spider.parse, headers={"Referer": parent}, meta={"depth": d})``
 of the ``pages`` spider: the payload is ``request_to_payload``'s JSON and the key the
-crawl's ``CanonicalFingerprinter`` fingerprint (both produced from a template for speed,
-and checked against the real functions on a sample of the rows before anything is
-written), domain the host, priority 0, ``not_before`` 0.
+crawl's ``CanonicalFingerprinter`` fingerprint in a new job's compact form (base64url,
+schema revision 0017), both produced from a template for speed and checked against the
+real functions on a sample of the rows before anything is written; domain the host,
+priority 0, ``not_before`` 0.
 
 * SQLite, pending rows: through the frontier itself, ``Frontier.write(WriteBatch(inserts=
   ...))`` in batches of ``--batch`` (5,000) ``NewRequest`` rows, the scheduler's path.
@@ -75,6 +76,7 @@ on a line in N; the disk is the largest size's bytes per request times the rows.
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import math
@@ -140,10 +142,12 @@ def row_values(i: int, port: int) -> tuple[str, str, str, str]:
     the ``pages`` spider's Request(url, callback=parse, Referer, depth), computed from a
     template (checked against the real functions by :func:`check_templates`)."""
     host, url, referer, depth = request_fields(i, port)
-    key = hashlib.sha1(
+    digest = hashlib.sha1(
         ('{"body": "", "headers": {}, "method": "GET", "url": "' + url + '"}').encode(),
         usedforsecurity=False,
-    ).hexdigest()
+    ).digest()
+    # A new job's key format (schema.KEY_COMPACT): base64url, no padding.
+    key = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
     # Version 2: the URL is the row's; the Referer, on the request's own origin, its path.
     ref = referer[len(f"http://{host}:{port}") :]
     payload = '{"v":2,"ref":"' + ref + '","callback":"parse","meta":{"depth":' + str(depth) + "}}"
@@ -160,6 +164,7 @@ def check_templates(port: int, indexes: list[int]) -> str:
 
     from scrapy_reliability.canonical import policy_from_settings
     from scrapy_reliability.fingerprint import CanonicalFingerprinter, class_path
+    from scrapy_reliability.frontier.schema import KEY_COMPACT, request_key
     from scrapy_reliability.serialization import request_to_payload
 
     settings = Settings()
@@ -175,7 +180,7 @@ def check_templates(port: int, indexes: list[int]) -> str:
         )
         key, domain, url2, payload = row_values(i, port)
         real = (
-            fingerprinter.fingerprint(request).hex(),
+            request_key(fingerprinter.fingerprint(request), KEY_COMPACT),
             host,
             request.url,
             request_to_payload(request, spider),
@@ -265,6 +270,8 @@ def open_fill_job(url: str, job: str, policy: str) -> tuple[Any, int]:
 
     frontier = Frontier.connect(url, auto_migrate=True)
     opened = frontier.open_job(job, SCHEME, url_policy=policy)
+    if opened.key_format != "b64":
+        raise RuntimeError(f"job {job} keys its rows as {opened.key_format}, not compact")
     return frontier, opened.id
 
 

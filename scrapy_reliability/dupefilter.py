@@ -22,6 +22,7 @@ from scrapy.utils.request import referer_str
 from scrapy_reliability import _jobs
 from scrapy_reliability.config import Config
 from scrapy_reliability.frontier import Frontier, Job
+from scrapy_reliability.frontier.schema import request_key
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -109,6 +110,9 @@ class DupeFilter(BaseDupeFilter):
         self._frontier: Frontier | None = None
         self._job: Job | None = None
         self._unwritten: set[str] = set()
+        #: How the job writes its keys (set from the job when it opens; None: hex,
+        #: what a stock JOBDIR's requests.seen holds, until then).
+        self.key_format: str | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -128,7 +132,7 @@ class DupeFilter(BaseDupeFilter):
         return version if isinstance(version, str) else None
 
     def key(self, request: Request) -> str:
-        return str(self.fingerprinter.fingerprint(request).hex())
+        return request_key(self.fingerprinter.fingerprint(request), self.key_format)
 
     def row_key(self, request: Request, buffered: Container[str], *, adopted: bool = False) -> str:
         """The frontier row key of a new request under the Scheduler (``buffered``:
@@ -186,6 +190,7 @@ class DupeFilter(BaseDupeFilter):
             # As Scrapy's requests.seen: what a finished crawl saw is still seen.
             reuse_finished=True,
         )
+        self.key_format = self._job.key_format
 
     def request_seen(self, request: Request) -> bool:
         if self._frontier is None or self._job is None:

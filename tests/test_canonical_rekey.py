@@ -21,7 +21,14 @@ from scrapy_reliability.fingerprint import CANONICAL_FINGERPRINTER, SCRAPY_FINGE
 from scrapy_reliability.frontier import Frontier, NewRequest
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.errors import JobMismatch
-from scrapy_reliability.frontier.schema import DONE, dead_letters, jobs, requests
+from scrapy_reliability.frontier.schema import (
+    DONE,
+    KEY_COMPACT,
+    dead_letters,
+    jobs,
+    request_key,
+    requests,
+)
 from scrapy_reliability.serialization import request_to_payload
 from tests.crawling import REPO
 from tests.frontier_helpers import add
@@ -31,10 +38,12 @@ SCRAPY = RequestFingerprinter()
 POLICY = CanonicalPolicy()
 
 
-def _row(url: str, key: str | None = None, **kwargs: object) -> NewRequest:
+def _row(
+    url: str, key: str | None = None, key_format: str | None = KEY_COMPACT, **kwargs: object
+) -> NewRequest:
     request = Request(url, **kwargs)  # type: ignore[arg-type]
     return NewRequest(
-        fingerprint=key or SCRAPY.fingerprint(request).hex(),
+        fingerprint=key or request_key(SCRAPY.fingerprint(request), key_format),
         priority=0,
         domain="e.com",
         url=url,
@@ -77,32 +86,37 @@ def _keys(frontier: Frontier, job_id: int) -> dict[str, tuple[str, str]]:
     return {str(r.url): (str(r.fingerprint), str(r.state)) for r in rows}
 
 
-def _canonical(url: str) -> str:
-    return CanonicalFingerprinter(policy=POLICY).fingerprint(Request(url)).hex()
+def _canonical(url: str, key_format: str | None = KEY_COMPACT) -> str:
+    return request_key(CanonicalFingerprinter(policy=POLICY).fingerprint(Request(url)), key_format)
 
 
-def _fill(frontier_url: str) -> int:
+def _fill(frontier_url: str, key_format: str | None = KEY_COMPACT) -> int:
+    """A job of Scrapy's fingerprints in ``key_format`` (None: hex, a job created
+    before revision 0017)."""
     frontier = Frontier.connect(frontier_url)
     try:
         job = frontier.open_job("pages", SCRAPY_FINGERPRINTER)
-        start = SCRAPY.fingerprint(Request("http://e.com/q")).hex()
-        start2 = SCRAPY.fingerprint(Request("http://e.com/q?fbclid=1")).hex()
+        assert job.key_format == KEY_COMPACT  # every new job
+        fmt = key_format
+        start = request_key(SCRAPY.fingerprint(Request("http://e.com/q")), fmt)
+        start2 = request_key(SCRAPY.fingerprint(Request("http://e.com/q?fbclid=1")), fmt)
         add(
             frontier,
             job.id,
             [
-                _row("http://e.com/p?utm_source=x"),  # pending
-                _row("http://e.com/p"),  # done: kept
-                _row("http://e.com:80/p#f"),  # dead, with its dead letter
-                _row("http://e.com/r?gclid=1"),  # pending, alone: key changes
-                _row("http://e.com/s", method="POST", body=b"a=1"),
-                _row("http://e.com/s?utm_medium=m", method="POST", body=b"a=2"),
+                _row("http://e.com/p?utm_source=x", key_format=fmt),  # pending
+                _row("http://e.com/p", key_format=fmt),  # done: kept
+                _row("http://e.com:80/p#f", key_format=fmt),  # dead, with its dead letter
+                _row("http://e.com/r?gclid=1", key_format=fmt),  # pending, alone: key changes
+                _row("http://e.com/s", key_format=fmt, method="POST", body=b"a=1"),
+                _row("http://e.com/s?utm_medium=m", key_format=fmt, method="POST", body=b"a=2"),
                 _row("http://e.com/q", key=f"s:{start}", dont_filter=True),
                 _row("http://e.com/q?fbclid=1", key=f"s:{start2}", dont_filter=True),
                 _row("http://e.com/p?_ga=1", key="u:0123", dont_filter=True),
             ],
         )
         with frontier.engine.begin() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job.id).values(key_format=key_format))
             conn.execute(
                 update(requests).where(requests.c.url == "http://e.com/p").values(state=DONE)
             )
@@ -133,10 +147,13 @@ def _fill(frontier_url: str) -> int:
 
 
 @pytest.mark.crawl
+@pytest.mark.parametrize("key_format", [KEY_COMPACT, None], ids=["compact", "hex"])
 def test_rekey_merges_rows_of_one_page_and_stores_the_policy(
-    frontier_url: str, tmp_path: Path
+    frontier_url: str, tmp_path: Path, key_format: str | None
 ) -> None:
-    job_id = _fill(frontier_url)
+    """A job re-keyed keeps its key format: compact, or hex for a job created before
+    revision 0017 (whose crawl computes hex keys)."""
+    job_id = _fill(frontier_url, key_format)
     dry = _rekey(frontier_url, tmp_path, "--dry-run", "--json")
     assert dry.returncode == 0, dry.stdout + dry.stderr
     planned = json.loads(dry.stdout)
@@ -152,17 +169,17 @@ def test_rekey_merges_rows_of_one_page_and_stores_the_policy(
     try:
         keys = _keys(frontier, job_id)
         # done beats pending and dead; the merged rows and their dead letter are gone.
-        assert keys["http://e.com/p"] == (_canonical("http://e.com/p"), "done")
+        assert keys["http://e.com/p"] == (_canonical("http://e.com/p", key_format), "done")
         assert "http://e.com/p?utm_source=x" not in keys
         assert "http://e.com:80/p#f" not in keys
         with reading(frontier.engine) as conn:
             assert conn.execute(select(dead_letters.c.id)).all() == []
             job = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
-        assert keys["http://e.com/r?gclid=1"][0] == _canonical("http://e.com/r")
+        assert keys["http://e.com/r?gclid=1"][0] == _canonical("http://e.com/r", key_format)
         # POSTs with other bodies stay two pages.
         assert keys["http://e.com/s"][0] != keys["http://e.com/s?utm_medium=m"][0]
         # Start requests are numbered as a new run numbers them; dont_filter keys stay.
-        start = _canonical("http://e.com/q")
+        start = _canonical("http://e.com/q", key_format)
         assert keys["http://e.com/q"][0] == f"s:{start}"
         assert keys["http://e.com/q?fbclid=1"][0] == f"s:{start}:1"
         assert keys["http://e.com/p?_ga=1"][0] == "u:0123"

@@ -22,6 +22,7 @@ from scrapy_reliability.commands.context import CommandFailed, Context, spider_c
 from scrapy_reliability.fingerprint import build_fingerprinter
 from scrapy_reliability.frontier import additions, audit
 from scrapy_reliability.frontier.records import NewRequest
+from scrapy_reliability.frontier.schema import request_key
 from scrapy_reliability.serialization import UnserializableRequest
 from scrapy_reliability.serialization.checks import check_storable_fields
 from scrapy_reliability.serialization.encode import added_request_payload
@@ -53,7 +54,7 @@ def add_urls(ctx: Context, args: list[str]) -> bool:
     refused: list[dict[str, str]] = []
     seen: dict[str, str] = {}
     for url in urls:
-        row, why = _row(url, priority, callback, fingerprinter)
+        row, why = _row(url, priority, callback, fingerprinter, job.key_format)
         if row is None:
             refused.append({"url": url, "reason": why})
         elif row.fingerprint in seen:
@@ -113,7 +114,7 @@ def _say(ctx: Context, spider: str | None, summary: dict[str, Any]) -> None:
 
 
 def _row(
-    url: str, priority: int, callback: str | None, fingerprinter: Any
+    url: str, priority: int, callback: str | None, fingerprinter: Any, key_format: str | None
 ) -> tuple[NewRequest | None, str]:
     """The row a crawl would store for a GET of ``url``, or None and why not."""
     try:
@@ -131,7 +132,7 @@ def _row(
         return None, problem
     try:
         payload = added_request_payload(request, callback)
-        key = str(fingerprinter.fingerprint(request).hex())
+        key = request_key(fingerprinter.fingerprint(request), key_format)
     except (UnserializableRequest, ValueError) as exc:
         return None, str(exc)
     return NewRequest(key, priority, domain, request.url, payload), ""

@@ -17,7 +17,7 @@ from scrapy_reliability.commands.listings import domain_limits_text
 from scrapy_reliability.commands.text import ago, when
 from scrapy_reliability.frontier.inspect import Explanation
 from scrapy_reliability.frontier.politeness import DomainLimits
-from scrapy_reliability.frontier.schema import ADOPTED_URL
+from scrapy_reliability.frontier.schema import ADOPTED_URL, request_key
 
 
 def explain_urls(ctx: Context, args: list[str]) -> None:
@@ -30,7 +30,7 @@ def explain_urls(ctx: Context, args: list[str]) -> None:
     config = ctx.config(spider)
     limits, _ = ctx.limits(job, spider)
     settings = ctx.settings_for(spider)
-    fingerprint = _fingerprinter(settings, job.dedup_scheme)
+    fingerprint = _fingerprinter(settings, job.dedup_scheme, job.key_format)
     found: list[dict[str, Any]] = []
     for url in urls:
         keys: list[str] = []
@@ -142,9 +142,11 @@ def _explain_text(exp: Explanation, now: float, spider: str) -> str:
     return f"pending (request {row.id}): " + "; ".join(parts)
 
 
-def _fingerprinter(settings: BaseSettings, scheme: str) -> Callable[[str], str] | None:
-    """The job's request fingerprint of a GET of a URL (its fingerprinter class,
-    ``scheme``, built with these settings), when it can be built without a crawler
+def _fingerprinter(
+    settings: BaseSettings, scheme: str, key_format: str | None
+) -> Callable[[str], str] | None:
+    """The job's request key of a GET of a URL (its fingerprinter class, ``scheme``,
+    built with these settings; its key format), when it can be built without a crawler
     (Scrapy's own and CanonicalFingerprinter can); else None (URLs are matched)."""
     from scrapy import Request
 
@@ -156,7 +158,7 @@ def _fingerprinter(settings: BaseSettings, scheme: str) -> Callable[[str], str] 
 
     def fingerprint(url: str) -> str:
         try:
-            return str(fingerprinter.fingerprint(Request(url)).hex())
+            return request_key(fingerprinter.fingerprint(Request(url)), key_format)
         except ValueError:
             return ""
 

@@ -81,6 +81,7 @@ def show_status(ctx: Context, args: list[str]) -> None:
     out(f"Started {when(job.created_at, ctx.now)}")
     if job.finished_at is not None:
         out(f"Finished {when(job.finished_at, ctx.now)}")
+    out(_keys_line(job.key_format))
     out(_limits_line(limits, limits_from))
     out("")
     out(table(["state", "requests"], [[s, status.counts.get(s, 0)] for s in STATES]))
@@ -415,3 +416,12 @@ def _export(rows: list[dict[str, Any]], path: Path) -> None:
     with path.open("w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row, default=str) + "\n")
+
+
+def _keys_line(key_format: str | None) -> str:
+    if key_format is None:
+        return (
+            "Request keys: hex (the job was created before schema revision 0017, or "
+            "adopted from a stock JOBDIR; it keeps them, and its next new run is compact)"
+        )
+    return f"Request keys: compact ({key_format})"

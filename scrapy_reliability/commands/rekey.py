@@ -9,7 +9,7 @@ from sqlalchemy import Connection, select
 from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.fingerprint import build_fingerprinter, crawl_fingerprinter
 from scrapy_reliability.frontier.key_rewrite import RekeyResult, rekey_job
-from scrapy_reliability.frontier.schema import jobs, workers
+from scrapy_reliability.frontier.schema import jobs, request_key, workers
 from scrapy_reliability.serialization import CorruptPayload, payload_key_request
 
 
@@ -49,7 +49,8 @@ def rekey(ctx: Context, args: list[str]) -> None:
 
     def key_of(payload: str, url: str) -> str | None:
         try:
-            return fingerprinter.fingerprint(payload_key_request(payload, url)).hex()
+            digest = fingerprinter.fingerprint(payload_key_request(payload, url))
+            return request_key(digest, job.key_format)
         except (CorruptPayload, ValueError):
             return None
 

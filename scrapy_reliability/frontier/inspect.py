@@ -95,6 +95,7 @@ class Inspector:
             row.finished_at,
             row.dedup_scheme,
             limits,
+            row.key_format,
         )
 
     # -- status -------------------------------------------------------------------------------

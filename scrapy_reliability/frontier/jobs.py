@@ -32,6 +32,8 @@ from scrapy_reliability.frontier.schema import (
     IGNORED,
     JOB_FINISHED,
     JOB_RUNNING,
+    KEY_COMPACT,
+    KEY_FORMATS,
     LEASED,
     PENDING,
     dead_letters,
@@ -72,6 +74,7 @@ def open_job(
             jobs.c.state,
             jobs.c.dedup_scheme,
             jobs.c.url_policy,
+            jobs.c.key_format,
             jobs.c.finished_at,
         )
         .where(jobs.c.name == name)
@@ -91,6 +94,13 @@ def open_job(
                 "again under new keys: finish the job with the old setting, re-key it "
                 "with `scrapy frontier rekey <spider>` (same settings, workers stopped), "
                 "or start a new one with another JOBDIR or RELIABILITY_JOB."
+            )
+        if row.key_format not in KEY_FORMATS:
+            raise JobMismatch(
+                f"Job {name!r} writes its request keys as {row.key_format!r}, which this "
+                "release does not know (a newer release created it?): upgrade "
+                "scrapy-reliability, or start a new job with another JOBDIR or "
+                "RELIABILITY_JOB."
             )
         if row.url_policy != url_policy:
             _check_policy_change(conn, name, row.id, row.url_policy, url_policy)
@@ -120,6 +130,7 @@ def open_job(
             previous_ended_at=ended,
             learned=learned.review_running(conn, row.id, rules, now),
             set_limits=operator_limits.held(conn, row.id),
+            key_format=row.key_format,
         )
     generation = 1 if row is None else row.generation + 1
     job_id = conn.execute(
@@ -130,12 +141,15 @@ def open_job(
             state=JOB_RUNNING,
             dedup_scheme=dedup_scheme,
             url_policy=url_policy,
+            key_format=KEY_COMPACT,
             created_at=now,
         )
         .returning(jobs.c.id)
     ).scalar_one()
     if row is None:
-        return Job(job_id, name, generation, False, dedup_scheme, url_policy)
+        return Job(
+            job_id, name, generation, False, dedup_scheme, url_policy, key_format=KEY_COMPACT
+        )
     return Job(
         job_id,
         name,
@@ -147,6 +161,7 @@ def open_job(
         previous_ended_at=row.finished_at,
         learned=learned.carry(conn, row.id, job_id, rules, now),
         set_limits=operator_limits.carry(conn, row.id, job_id, now),
+        key_format=KEY_COMPACT,
     )
 
 

@@ -125,6 +125,8 @@ class Job:
     #: Adopted from a stock JOBDIR (frontier/adoption.py): its start requests are
     #: keyed by fingerprint, as the fingerprints of Scrapy's requests.seen are.
     adopted: bool = False
+    #: How its request keys are written (schema.KEY_FORMATS; None: hex).
+    key_format: str | None = None
 
 
 # The per-request records (NewRequest, Claimed, Transition) are named tuples: as

@@ -25,6 +25,8 @@ class JobInfo:
     #: The per-domain limits the job's crawl runs with (stored by its last starting
     #: worker); None for a job started before they were stored.
     limits: Politeness | None = None
+    #: How its request keys are written (schema.KEY_FORMATS; None: hex).
+    key_format: str | None = None
 
 
 @dataclass(frozen=True)

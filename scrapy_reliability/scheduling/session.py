@@ -173,6 +173,7 @@ class Session:
         ctx.session_lock = opened.session_lock
         self.outcomes.peers.update(opened.peers)
         ctx.job = job
+        self.dupefilter.key_format = job.key_format
         # SQLite: writes and claims run on the reactor thread when the database
         # thread is idle and the lock is free (see DatabaseThread).
         ctx.inline = ctx.frontier.never_wait_on_this_thread()

@@ -134,6 +134,11 @@ class DupeFilter(BaseDupeFilter):
     def key(self, request: Request) -> str:
         return request_key(self.fingerprinter.fingerprint(request), self.key_format)
 
+    def unique_key(self) -> str:
+        """A key of its own, for a request that is never a duplicate: ``u:`` and a
+        random UUID in the job's key format."""
+        return "u:" + request_key(uuid.uuid4().bytes, self.key_format)
+
     def row_key(self, request: Request, buffered: Container[str], *, adopted: bool = False) -> str:
         """The frontier row key of a new request under the Scheduler (``buffered``:
         keys about to be written): its fingerprint, or for a link to the page of a
@@ -144,7 +149,7 @@ class DupeFilter(BaseDupeFilter):
         plain fingerprint, as Scrapy's requests.seen names a start page it fetched
         (frontier/adoption.py)."""
         if not self.filtering and not request.dont_filter:
-            return f"u:{uuid.uuid4().hex}"
+            return self.unique_key()
         fingerprint = self.key(request)
         first = fingerprint if adopted else f"s:{fingerprint}"
         if not request.dont_filter:
@@ -161,7 +166,7 @@ class DupeFilter(BaseDupeFilter):
                 key = f"s:{fingerprint}:{n}"
             return key
         # dont_filter=True still gets a row, under a key of its own.
-        return f"u:{uuid.uuid4().hex}"
+        return self.unique_key()
 
     # -- under Scrapy's own scheduler (which calls these) -----------------------------------
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from scrapy import Request
+from scrapy.utils.request import RequestFingerprinter
 from sqlalchemy import create_engine, select, text, update
 
 from scrapy_reliability.frontier import Frontier, NewRequest, migrate
@@ -27,9 +29,10 @@ from scrapy_reliability.frontier.schema import (
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 from tests.crawling import Crawl, make_project, pages_in, refetched, signal_when
 from tests.frontier_helpers import add
+from tests.protocol import Core
 from tests.test_cli import frontier_cmd
 
-COMPACT_KEY = re.compile(r"(s:)?[A-Za-z0-9_-]{27}(:\d+)?|u:[0-9a-f]{32}")
+COMPACT_KEY = re.compile(r"(s:)?[A-Za-z0-9_-]{27}(:\d+)?|u:[A-Za-z0-9_-]{22}")
 HEX_KEY = re.compile(r"(s:)?[0-9a-f]{40}(:\d+)?|u:[0-9a-f]{32}")
 
 
@@ -61,6 +64,25 @@ def test_new_jobs_are_compact_and_an_unknown_format_is_refused(frontier: Frontie
         conn.execute(update(jobs).where(jobs.c.id == job.id).values(key_format="zz"))
     with pytest.raises(JobMismatch, match="'zz', which this release does not know"):
         frontier.open_job("j", "scheme")
+
+
+def test_the_scheduler_writes_a_new_jobs_keys_compact(tmp_path: Path) -> None:
+    """A start request, a link and a dont_filter link, through the scheduling core:
+    ``s:`` + 27 characters, 27, and ``u:`` + 22 (a UUID's 16 bytes)."""
+    core = Core(tmp_path)
+    start = Request("http://127.0.0.2:8000/", callback=core.spider.parse, dont_filter=True)
+    start.meta["is_start_request"] = True
+    assert core.scheduler.enqueue_request(start)
+    assert core.enqueue("http://127.0.0.2:8000/p/1")
+    assert core.enqueue("http://127.0.0.2:8000/p/1", dont_filter=True)
+    assert not core.enqueue("http://127.0.0.2:8000/p/1")
+    core.run()
+    with core.database() as conn:
+        keys = conn.execute(select(requests.c.fingerprint).order_by(requests.c.id)).scalars().all()
+    digest = RequestFingerprinter().fingerprint(Request("http://127.0.0.2:8000/p/1"))
+    assert keys[1] == request_key(digest, KEY_COMPACT)
+    assert [len(k) for k in keys] == [29, 27, 24], keys
+    assert all(COMPACT_KEY.fullmatch(k) for k in keys), keys
 
 
 def _downgrade(url: str, revision: str) -> None:

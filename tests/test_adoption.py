@@ -28,7 +28,14 @@ from scrapy_reliability.frontier.adoption import (
 )
 from scrapy_reliability.frontier.key_rewrite import rekey_job
 from scrapy_reliability.frontier.recrawl import RecrawlRules
-from scrapy_reliability.frontier.schema import dead_letters, jobs, requests
+from scrapy_reliability.frontier.schema import (
+    KEY_COMPACT,
+    convert_key,
+    dead_letters,
+    jobs,
+    request_key,
+    requests,
+)
 from scrapy_reliability.scheduling.stock_jobdir import SeenFingerprints, find
 
 SCHEME = "scrapy.utils.request.RequestFingerprinter"
@@ -202,10 +209,13 @@ def test_rekey_keeps_adopted_fingerprints_and_says_how_many(frontier: Any) -> No
         key_of,
         dedup_scheme="x",
         url_policy="1",
+        key_formats=(None, KEY_COMPACT),
         check_no_worker=lambda conn: None,
     )
     assert (result.adopted, result.unreadable, len(read)) == (1, 0, 1)
-    assert key(1) in rows(frontier)
+    # The adopted job's hex fingerprint, converted to the re-keyed job's compact form.
+    assert set(rows(frontier)) == {convert_key(key(1), None, KEY_COMPACT), "f" * 40}
+    assert convert_key(key(1), None, KEY_COMPACT) == request_key(bytes.fromhex(key(1)), KEY_COMPACT)
 
 
 # -- the files ---------------------------------------------------------------------------------

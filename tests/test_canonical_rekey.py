@@ -86,8 +86,8 @@ def _keys(frontier: Frontier, job_id: int) -> dict[str, tuple[str, str]]:
     return {str(r.url): (str(r.fingerprint), str(r.state)) for r in rows}
 
 
-def _canonical(url: str, key_format: str | None = KEY_COMPACT) -> str:
-    return request_key(CanonicalFingerprinter(policy=POLICY).fingerprint(Request(url)), key_format)
+def _canonical(url: str) -> str:
+    return request_key(CanonicalFingerprinter(policy=POLICY).fingerprint(Request(url)), KEY_COMPACT)
 
 
 def _fill(frontier_url: str, key_format: str | None = KEY_COMPACT) -> int:
@@ -151,8 +151,8 @@ def _fill(frontier_url: str, key_format: str | None = KEY_COMPACT) -> int:
 def test_rekey_merges_rows_of_one_page_and_stores_the_policy(
     frontier_url: str, tmp_path: Path, key_format: str | None
 ) -> None:
-    """A job re-keyed keeps its key format: compact, or hex for a job created before
-    revision 0017 (whose crawl computes hex keys)."""
+    """A job re-keyed writes compact keys from then on, as a new job does, whether its
+    keys were compact or hex (a job created before revision 0017)."""
     job_id = _fill(frontier_url, key_format)
     dry = _rekey(frontier_url, tmp_path, "--dry-run", "--json")
     assert dry.returncode == 0, dry.stdout + dry.stderr
@@ -164,27 +164,29 @@ def test_rekey_merges_rows_of_one_page_and_stores_the_policy(
     assert "9 rows read" in moved.stdout and "2 rows merged" in moved.stdout
     assert "1 pending rows merged into a done row" in moved.stdout
     assert "1 dead rows merged into a done row" in moved.stdout
+    assert ("its keys are compact from now on" in moved.stdout) == (key_format is None)
 
     frontier = Frontier.connect(frontier_url)
     try:
         keys = _keys(frontier, job_id)
         # done beats pending and dead; the merged rows and their dead letter are gone.
-        assert keys["http://e.com/p"] == (_canonical("http://e.com/p", key_format), "done")
+        assert keys["http://e.com/p"] == (_canonical("http://e.com/p"), "done")
         assert "http://e.com/p?utm_source=x" not in keys
         assert "http://e.com:80/p#f" not in keys
         with reading(frontier.engine) as conn:
             assert conn.execute(select(dead_letters.c.id)).all() == []
             job = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
-        assert keys["http://e.com/r?gclid=1"][0] == _canonical("http://e.com/r", key_format)
+        assert keys["http://e.com/r?gclid=1"][0] == _canonical("http://e.com/r")
         # POSTs with other bodies stay two pages.
         assert keys["http://e.com/s"][0] != keys["http://e.com/s?utm_medium=m"][0]
         # Start requests are numbered as a new run numbers them; dont_filter keys stay.
-        start = _canonical("http://e.com/q", key_format)
+        start = _canonical("http://e.com/q")
         assert keys["http://e.com/q"][0] == f"s:{start}"
         assert keys["http://e.com/q?fbclid=1"][0] == f"s:{start}:1"
         assert keys["http://e.com/p?_ga=1"][0] == "u:0123"
         assert job.dedup_scheme == CANONICAL_FINGERPRINTER
         assert job.url_policy == POLICY.version
+        assert job.key_format == KEY_COMPACT
 
         # The job now opens under the canonical fingerprinter and this policy only.
         assert frontier.open_job(

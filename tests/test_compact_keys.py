@@ -21,6 +21,7 @@ from scrapy_reliability.frontier.errors import JobMismatch
 from scrapy_reliability.frontier.schema import (
     DONE,
     KEY_COMPACT,
+    convert_key,
     fingerprints,
     jobs,
     request_key,
@@ -44,6 +45,23 @@ def test_compact_keys_are_distinct_and_never_look_derived(a: bytes, b: bytes) ->
         assert base64.urlsafe_b64decode(key + "=" * (-len(key) % 4)) == digest
     assert (request_key(a, KEY_COMPACT) == request_key(b, KEY_COMPACT)) == (a == b)
     assert request_key(a, None) == a.hex()
+
+
+@given(st.binary(min_size=1, max_size=64), st.integers(min_value=1, max_value=99))
+def test_a_key_converts_between_formats_both_ways(digest: bytes, n: int) -> None:
+    """What rekey does to a key it cannot compute again (an adopted or unreadable row)."""
+    for form in ("{}", "s:{}", "s:{}:" + str(n)):
+        hexed, compact = (form.format(request_key(digest, f)) for f in (None, KEY_COMPACT))
+        assert convert_key(hexed, None, KEY_COMPACT) == compact
+        assert convert_key(compact, KEY_COMPACT, None) == hexed
+        assert convert_key(compact, KEY_COMPACT, KEY_COMPACT) == compact
+
+
+def test_a_key_that_does_not_decode_is_kept() -> None:
+    for key in ("u:" + "a" * 32, "r:17", "adopted:scrapy-jobdir", "xyz", "s:q", "abc"):
+        assert convert_key(key, None, KEY_COMPACT) == key
+    # Not what the compact form of any digest is (trailing bits set): kept.
+    assert convert_key("AB", KEY_COMPACT, None) == "AB"
 
 
 def test_a_sha1_key_is_27_characters() -> None:

@@ -421,7 +421,8 @@ def _export(rows: list[dict[str, Any]], path: Path) -> None:
 def _keys_line(key_format: str | None) -> str:
     if key_format is None:
         return (
-            "Request keys: hex (the job was created before schema revision 0017, or "
-            "adopted from a stock JOBDIR; it keeps them, and its next new run is compact)"
+            "Request keys: hex (the job was created before schema revision 0017, or adopted "
+            "from a stock JOBDIR; its next new run is compact, and `scrapy frontier rekey` "
+            "makes this one's compact)"
         )
     return f"Request keys: compact ({key_format})"

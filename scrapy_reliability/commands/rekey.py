@@ -9,7 +9,7 @@ from sqlalchemy import Connection, select
 from scrapy_reliability.commands.context import CommandFailed, Context
 from scrapy_reliability.fingerprint import build_fingerprinter, crawl_fingerprinter
 from scrapy_reliability.frontier.key_rewrite import RekeyResult, rekey_job
-from scrapy_reliability.frontier.schema import jobs, request_key, workers
+from scrapy_reliability.frontier.schema import KEY_COMPACT, jobs, request_key, workers
 from scrapy_reliability.serialization import CorruptPayload, payload_key_request
 
 
@@ -50,7 +50,7 @@ def rekey(ctx: Context, args: list[str]) -> None:
     def key_of(payload: str, url: str) -> str | None:
         try:
             digest = fingerprinter.fingerprint(payload_key_request(payload, url))
-            return request_key(digest, job.key_format)
+            return request_key(digest, KEY_COMPACT)
         except (CorruptPayload, ValueError):
             return None
 
@@ -61,13 +61,23 @@ def rekey(ctx: Context, args: list[str]) -> None:
             key_of,
             dedup_scheme=scheme,
             url_policy=policy,
+            # A re-keyed job writes the keys a new job writes: compact.
+            key_formats=(job.key_format, KEY_COMPACT),
             check_no_worker=check_no_worker,
             dry_run=ctx.opts.dry_run,
         )
-    _report(ctx, job.name, scheme, policy, result)
+    _report(ctx, job.name, scheme, policy, result, compacted=job.key_format != KEY_COMPACT)
 
 
-def _report(ctx: Context, name: str, scheme: str, policy: str | None, result: RekeyResult) -> None:
+def _report(
+    ctx: Context,
+    name: str,
+    scheme: str,
+    policy: str | None,
+    result: RekeyResult,
+    *,
+    compacted: bool,
+) -> None:
     dry = ctx.opts.dry_run
     if ctx.opts.json:
         ctx.print_json(
@@ -76,6 +86,7 @@ def _report(ctx: Context, name: str, scheme: str, policy: str | None, result: Re
                 "dry_run": dry,
                 "dedup_scheme": scheme,
                 "url_policy": policy,
+                "key_format": KEY_COMPACT,
                 "rows": result.rows,
                 "changed": result.changed,
                 "merged": result.merged,
@@ -109,6 +120,11 @@ def _report(ctx: Context, name: str, scheme: str, policy: str | None, result: Re
             f"  {result.adopted} fingerprints adopted from Scrapy's requests.seen have no "
             "URL and keep their keys: a page known only by one is fetched again if a link "
             "leads to it"
+        )
+    if compacted:
+        ctx.out(
+            f"  its keys {'would be' if dry else 'are'} compact from now on (base64url: "
+            "about 30 bytes less per request), as a new job's are"
         )
     ctx.out(
         f"The job {'would key' if dry else 'now keys'} requests by {scheme}"

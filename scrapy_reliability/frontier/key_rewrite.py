@@ -1,8 +1,10 @@
 """Re-keying a job: every row's dedup key computed anew (under a new canonical URL
 policy or fingerprinter), rows that now share a key merged, in one transaction.
 
-The keys come from the caller (``key_of(payload, url)``): this module knows the key
-formats only as strings. ``s:<fp>[:n]`` (a start request, the n-th copy of one run)
+The keys come from the caller (``key_of(payload, url)``, in the job's new key format;
+a key that cannot be computed again, of an unreadable or adopted row, is converted to
+that format by ``schema.convert_key``): this module knows the key formats only as
+strings. ``s:<fp>[:n]`` (a start request, the n-th copy of one run)
 keeps its form, numbered again in row order; ``u:<uuid>`` (a ``dont_filter``
 request) is never shared and stays; any other key is a fingerprint.
 """
@@ -21,6 +23,7 @@ from scrapy_reliability.frontier.schema import (
     IGNORED,
     LEASED,
     PENDING,
+    convert_key,
     dead_letters,
     jobs,
     requests,
@@ -43,9 +46,11 @@ class RekeyResult:
     merged: int = 0
     #: Their dead letters, deleted with them.
     dead_letters: int = 0
-    #: Rows whose stored request could not be read: their keys were kept.
+    #: Rows whose stored request could not be read: their keys were kept (in the new
+    #: key format).
     unreadable: int = 0
-    #: Fingerprints adopted from Scrapy's requests.seen (no request stored): kept.
+    #: Fingerprints adopted from Scrapy's requests.seen (no request stored): kept (in
+    #: the new key format).
     adopted: int = 0
     #: States of the merged rows, and of the rows kept in their place.
     merged_states: dict[str, int] = field(default_factory=dict)
@@ -70,26 +75,28 @@ def rekey_job(
     *,
     dedup_scheme: str,
     url_policy: str | None,
+    key_formats: tuple[str | None, str | None],
     check_no_worker: Callable[[Connection], None],
     dry_run: bool = False,
 ) -> RekeyResult:
     """Recompute every row's key with ``key_of`` (None: the payload cannot be read;
-    the row keeps its key), merge rows that now share one (the most advanced state
-    is kept: done, dead, ignored, leased, pending; the oldest row among equals),
-    store ``dedup_scheme`` and ``url_policy`` on the job. One transaction;
-    ``check_no_worker`` runs first and again before the commit and raises when a
-    worker of the job is live. ``dry_run`` rolls everything back."""
+        the row keeps its key), merge rows that now share one (the most advanced state
+        is kept: done, dead, ignored, leased, pending; the oldest row among equals),
+        store ``dedup_scheme``, ``url_policy`` and the new key format on the job
+    (``key_formats``: the job's, and the one ``key_of`` computes). One transaction;
+        ``check_no_worker`` runs first and again before the commit and raises when a
+        worker of the job is live. ``dry_run`` rolls everything back."""
     result = RekeyResult()
     with engine.connect() as conn, conn.begin() as tx:
         check_no_worker(conn)
-        rows = _read(conn, job_id, key_of, result)
+        rows = _read(conn, job_id, key_of, key_formats, result)
         keep, gone = _merge(rows, result)
         _examples(conn, gone, keep, result)
         _apply(conn, job_id, keep, gone, result)
         conn.execute(
             update(jobs)
             .where(jobs.c.id == job_id)
-            .values(dedup_scheme=dedup_scheme, url_policy=url_policy)
+            .values(dedup_scheme=dedup_scheme, url_policy=url_policy, key_format=key_formats[1])
         )
         check_no_worker(conn)
         if dry_run:
@@ -98,7 +105,11 @@ def rekey_job(
 
 
 def _read(
-    conn: Connection, job_id: int, key_of: Callable[[str, str], str | None], result: RekeyResult
+    conn: Connection,
+    job_id: int,
+    key_of: Callable[[str, str], str | None],
+    key_formats: tuple[str | None, str | None],
+    result: RekeyResult,
 ) -> list[_Row]:
     rows: list[_Row] = []
     last = 0
@@ -119,7 +130,7 @@ def _read(
             return rows
         for row in chunk:
             old = str(row.fingerprint)
-            new, read = old, False
+            new, read = convert_key(old, *key_formats), False
             if row.payload == ADOPTED_URL:
                 result.adopted += 1
             elif not old.startswith("u:"):
@@ -140,8 +151,8 @@ def _merge(rows: list[_Row], result: RekeyResult) -> tuple[list[_Row], list[tupl
     gone: list[tuple[_Row, _Row]] = []
     starts: dict[str, int] = {}
     best: dict[str, _Row] = {}
-    # Keys that stay as they are (unreadable rows): numbered start keys skip them.
-    fixed = {row.old for row in rows if not row.read}
+    # Keys not computed again (unreadable rows): numbered start keys skip them.
+    fixed = {row.new for row in rows if not row.read}
     for row in rows:  # in id order
         if row.read and row.new.startswith("s:"):
             # Start requests are copies by design: number them as a new run would.

@@ -78,6 +78,29 @@ def request_key(digest: bytes, key_format: str | None) -> str:
     )
 
 
+def convert_key(key: str, old_format: str | None, new_format: str | None) -> str:
+    """A stored key of a job of ``old_format`` in ``new_format``: the fingerprint of a
+    plain key or of an ``s:`` key (and its copy number) is re-encoded; a ``u:`` key (a
+    random one, never shared), any other derived key, and one that does not decode are
+    returned as they are."""
+    if old_format == new_format:
+        return key
+    head, rest = ("s:", key[2:]) if key.startswith("s:") else ("", key)
+    text, colon, copy = rest.partition(":")
+    if colon and not head:
+        return key
+    try:
+        if old_format is None:
+            digest = bytes.fromhex(text)
+        else:
+            digest = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+            if request_key(digest, old_format) != text:
+                return key
+    except ValueError:
+        return key
+    return f"{head}{request_key(digest, new_format)}{colon}{copy}"
+
+
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY (the rowid).

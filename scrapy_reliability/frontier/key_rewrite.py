@@ -80,12 +80,13 @@ def rekey_job(
     dry_run: bool = False,
 ) -> RekeyResult:
     """Recompute every row's key with ``key_of`` (None: the payload cannot be read;
-        the row keeps its key), merge rows that now share one (the most advanced state
-        is kept: done, dead, ignored, leased, pending; the oldest row among equals),
-        store ``dedup_scheme``, ``url_policy`` and the new key format on the job
-    (``key_formats``: the job's, and the one ``key_of`` computes). One transaction;
-        ``check_no_worker`` runs first and again before the commit and raises when a
-        worker of the job is live. ``dry_run`` rolls everything back."""
+    the row keeps its key), merge rows that now share one (the most advanced state
+    is kept: done, dead, ignored, leased, pending; the oldest row among equals),
+    store ``dedup_scheme``, ``url_policy`` and the new key format on the job
+    (``key_formats``: the job's, and the one ``key_of`` computes; a key kept is
+    converted). One transaction; ``check_no_worker`` runs first and again before the
+    commit and raises when a worker of the job is live. ``dry_run`` rolls everything
+    back."""
     result = RekeyResult()
     with engine.connect() as conn, conn.begin() as tx:
         check_no_worker(conn)

@@ -59,7 +59,8 @@ ADOPTED_DOMAIN = "(adopted)"
 #: None, its lowercase hex digest (jobs created before 0017, and jobs adopted from a
 #: stock JOBDIR, whose requests.seen holds hex); ``KEY_COMPACT``, base64url without
 #: padding (27 characters for a SHA-1 against 40: about 30 bytes less per request on
-#: disk, table and unique index). A job keeps its format for life.
+#: disk, table and unique index). A job keeps its format until ``scrapy frontier rekey``
+#: rewrites its keys compact.
 KEY_COMPACT = "b64"
 KEY_FORMATS = (None, KEY_COMPACT)
 

@@ -3,8 +3,9 @@
 A job created from this revision on writes the fingerprint part of its request keys
 as base64url (27 characters for a SHA-1) instead of hex (40): about 30 bytes less per
 request, in the table and in its unique index. Existing jobs get NULL, which means
-hex, and keep it for life: their rows are not rewritten, and a resumed crawl, a retry
-pass and a recrawl find every key where it was. The column also marks the format for
+hex, and keep it until ``scrapy frontier rekey`` rewrites their keys: the upgrade
+rewrites no row, and a resumed crawl, a retry pass and a recrawl find every key where
+it was. The column also marks the format for
 an older release's workers, which the schema check refuses.
 
 The downgrade writes every compact key of the requests and fingerprints tables back

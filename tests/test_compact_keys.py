@@ -1,5 +1,5 @@
 """Compact request keys (schema revision 0017): a new job writes the fingerprint part
-of its keys as base64url, a job created before keeps hex for life, and the downgrade
+of its keys as base64url, a job created before keeps hex until rekey, and the downgrade
 writes compact keys back as hex."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_new_jobs_are_compact_and_an_unknown_format_is_refused(frontier: Frontie
     assert job.key_format == KEY_COMPACT
     with frontier.engine.begin() as conn:
         conn.execute(update(jobs).where(jobs.c.id == job.id).values(key_format=None))
-    assert frontier.open_job("j", "scheme").key_format is None  # kept for life
+    assert frontier.open_job("j", "scheme").key_format is None  # kept when resumed
     with frontier.engine.begin() as conn:
         conn.execute(update(jobs).where(jobs.c.id == job.id).values(key_format="zz"))
     with pytest.raises(JobMismatch, match="'zz', which this release does not know"):

@@ -78,13 +78,22 @@ def dead_letters_of(frontier: Frontier, job_id: int) -> list[dict[str, object]]:
 
 def create_at(url: str, revision: str) -> None:
     """A database built by the real migration chain up to ``revision`` only."""
+    _move_to(url, revision, down=False)
+
+
+def downgrade_to(url: str, revision: str) -> None:
+    """The database at ``url`` taken down the real migration chain to ``revision``."""
+    _move_to(url, revision, down=True)
+
+
+def _move_to(url: str, revision: str, *, down: bool) -> None:
     from alembic import command
 
     engine = create_engine(url)
     with engine.begin() as conn:
         cfg = migrate._config()
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        (command.downgrade if down else command.upgrade)(cfg, revision)
     engine.dispose()
 
 

@@ -16,7 +16,7 @@ from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
 from sqlalchemy import create_engine, select, text, update
 
-from scrapy_reliability.frontier import Frontier, NewRequest, migrate
+from scrapy_reliability.frontier import Frontier, NewRequest
 from scrapy_reliability.frontier.errors import JobMismatch
 from scrapy_reliability.frontier.schema import (
     DONE,
@@ -29,7 +29,7 @@ from scrapy_reliability.frontier.schema import (
 )
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 from tests.crawling import Crawl, make_project, pages_in, refetched, signal_when
-from tests.frontier_helpers import add
+from tests.frontier_helpers import add, downgrade_to
 from tests.protocol import Core
 from tests.test_cli import frontier_cmd
 
@@ -103,17 +103,6 @@ def test_the_scheduler_writes_a_new_jobs_keys_compact(tmp_path: Path) -> None:
     assert all(COMPACT_KEY.fullmatch(k) for k in keys), keys
 
 
-def _downgrade(url: str, revision: str) -> None:
-    from alembic import command
-
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        cfg = migrate._config()
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, revision)
-    engine.dispose()
-
-
 def test_the_downgrade_writes_compact_keys_back_as_hex(frontier_url: str) -> None:
     digests = [bytes([i]) * 20 for i in range(3)]
     compact = [request_key(d, KEY_COMPACT) for d in digests]
@@ -129,7 +118,7 @@ def test_the_downgrade_writes_compact_keys_back_as_hex(frontier_url: str) -> Non
             conn.execute(update(jobs).where(jobs.c.id == old.id).values(key_format=None))
     finally:
         frontier.close()
-    _downgrade(frontier_url, "0016")
+    downgrade_to(frontier_url, "0016")
     engine = create_engine(frontier_url)
     with engine.connect() as conn:
         rows = dict(conn.execute(select(requests.c.url, requests.c.fingerprint)).all())
@@ -182,7 +171,7 @@ def test_a_job_of_the_older_release_resumes_with_hex_keys(
         assert not others and rows
         assert all(COMPACT_KEY.fullmatch(key) for key, _, _ in rows), rows[:5]
 
-        _downgrade(frontier_url, "0016")
+        downgrade_to(frontier_url, "0016")
         states = [state for key, state, _ in _job_keys(frontier_url)[job_id]]
         assert all(HEX_KEY.fullmatch(key) for key, _, _ in _job_keys(frontier_url)[job_id])
         done, leased = states.count(DONE), states.count("leased")

@@ -62,7 +62,7 @@ def _rewrite_requests(job_id: int) -> None:
     write = sa.text("UPDATE reliability_requests SET fingerprint = :new WHERE id = :id")
     last = 0
     while rows := conn.execute(read, {"job": job_id, "last": last, "n": _CHUNK}).all():
-        changed = [{"id": i, "new": _hex(k)} for i, k in rows if _hex(k) != k]
+        changed = [{"id": i, "new": new} for i, k in rows if (new := _hex(k)) != k]
         if changed:
             conn.execute(write, changed)
         last = rows[-1][0]
@@ -80,7 +80,7 @@ def _rewrite_seen(job_id: int) -> None:
         .scalars()
         .all()
     )
-    changed = [{"job": job_id, "old": k, "new": _hex(k)} for k in keys if _hex(k) != k]
+    changed = [{"job": job_id, "old": k, "new": new} for k in keys if (new := _hex(k)) != k]
     for start in range(0, len(changed), _CHUNK):
         conn.execute(
             sa.text(

@@ -12,7 +12,7 @@ the same transactions, in the same run, on both backends.
 Scrapy's default queues, the default here) or oldest first (``fifo``); the claim is the
 same statement and the same index scan either way.
 
-Each round fills two identical frontiers through the frontier API (``Frontier.connect``,
+Each round fills three identical frontiers through the frontier API (``Frontier.connect``,
 ``open_job``, ``write(WriteBatch(inserts=[NewRequest...]))``): N pending rows over a few
 domains, URLs like ``https://shop3.example.com/catalog/widgets/item-123?ref=list&page=7``
 and payloads made by the scheduler's own ``request_to_payload`` (callback, headers, meta:
@@ -28,6 +28,13 @@ and dropped by the benchmark (``_common.PostgresDatabase``). Then, timed (fillin
   default connection, whose implicit transaction begins with the first statement), one
   transaction for the claim and one for the ack, as the frontier does; a fresh token
   (``secrets.token_hex(16)``) and ``time.time()`` per transaction.
+
+* **ack and claim in one write** (frontier only, a third database): a claim, then,
+  until nothing is left, ``Frontier.write(job, WriteBatch(transitions=[...DONE...]),
+  claim=ClaimSpec(worker, 16, 30))``: the previous claim's ack and the next claim in one
+  write, as a crawl sends them (the scheduler's write pipeline carries its claim on the
+  ack's write): one statement on PostgreSQL, one transaction on SQLite. It has no raw
+  counterpart; its rows/s and driver calls are printed beside the others.
 
 The texts are not copied from the package: before measuring, the benchmark records
 them. It fills a small scratch frontier with one full batch plus the run's last partial
@@ -86,14 +93,15 @@ this benchmark weighs. Both sides count their driver calls the way
 ``Frontier.round_trips`` does, and the counts must agree; both must leave all N rows
 ``done``.
 
-Rounds interleave frontier and raw (round *r*: frontier first when *r* is even), every
-side on its own freshly filled database; figures are medians of ``--repeat`` rounds. One
-markdown table per backend: frontier rows/s, raw rows/s, frontier/raw (median of the
-rows/s; the per-round paired ratios are printed too), and the same per second of this
-process's CPU time (user + system; on PostgreSQL most of the time is the server's, which
-this leaves out). Exit status 1 when the wall-clock ratio is below 0.5 (the acceptance
-point); with ``--smoke`` (CI's tiny run, e.g. ``--rows 200 --repeat 1``) the ratio is
-not checked, only that both sides ran, sent the same driver calls and left every row done.
+Rounds interleave the sides (round *r*: frontier, raw, one write when *r* is even; the
+reverse when odd), every side on its own freshly filled database; figures are medians of
+``--repeat`` rounds. One markdown table per backend: frontier rows/s, raw rows/s,
+frontier/raw (median of the rows/s; the per-round paired ratios are printed too), the
+same per second of this process's CPU time (user + system; on PostgreSQL most of the
+time is the server's, which this leaves out), and the one-write side's rows/s. Exit
+status 1 when the wall-clock ratio is below 0.5 (the acceptance point); with ``--smoke``
+(CI's tiny run, e.g. ``--rows 200 --repeat 1``) the ratio is not checked, only that both
+sides ran, sent the same driver calls and left every row done.
 
 ``--profile`` then runs the frontier side once more per backend under cProfile (``--profile-
 rows``, default 20,000) and prints where its time goes: by package, and the functions of
@@ -133,7 +141,14 @@ from _common import (
 )
 from sqlalchemy import event
 
-from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
+from scrapy_reliability.frontier import (
+    ClaimSpec,
+    Frontier,
+    NewRequest,
+    Outcome,
+    Transition,
+    WriteBatch,
+)
 from scrapy_reliability.frontier.dialect import READ_ONLY
 from scrapy_reliability.frontier.hotsql import PostgresHotSql, SqliteHotSql
 from scrapy_reliability.serialization.encode import request_to_payload
@@ -479,6 +494,34 @@ def run_frontier(url: str, job: int, batch: int) -> Run:
     return Run(acked / elapsed, acked, calls, elapsed, cpu)
 
 
+def run_frontier_riding(url: str, job: int, batch: int) -> Run:
+    """Claim + ack as a crawl sends them: a claim, then, until nothing is left, one
+    ``Frontier.write`` that acks the previous claim's rows and claims the next ones
+    (``claim=ClaimSpec(...)``: the scheduler's write pipeline carries its claim on the
+    ack's write, one statement on PostgreSQL, one transaction on SQLite)."""
+    frontier = Frontier.connect(url)
+    spec = ClaimSpec(WORKER, batch, LEASE_SECONDS)
+    try:
+        before = frontier.round_trips
+        acked = 0
+        started, cpu = time.perf_counter(), time.process_time()
+        rows = frontier.claim(job, WORKER, batch, lease_seconds=LEASE_SECONDS).rows
+        while rows:
+            done = WriteBatch(transitions=[Transition(r.id, r.token, Outcome.DONE) for r in rows])
+            claimed = frontier.write(job, done, claim=spec).claimed
+            acked += len(rows)
+            rows = claimed.rows if claimed is not None else []
+        elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+        calls = frontier.round_trips - before
+        done_rows = frontier.counts(job).get("done", 0)
+    finally:
+        frontier.close()
+    if done_rows != acked:
+        raise SystemExit(f"claim_raw: riding acked {acked} rows but {done_rows} are done")
+    return Run(acked / elapsed, acked, calls, elapsed, cpu)
+
+
 def _sqlite_connect(path: str) -> sqlite3.Connection:
     """A driver connection set up as the frontier's engine sets up its own."""
     conn = sqlite3.connect(path, timeout=30.0, check_same_thread=False)
@@ -750,26 +793,31 @@ def main() -> int:
             print(f"\n{backend}: statements recorded from the frontier\n{script.describe()}")
         frontier: list[Run] = []
         raw: list[Run] = []
+        riding: list[Run] = []
         for r in range(args.repeat):
             with (
                 scratch(backend, args.pg_admin_url, "f") as (f_url, _),
                 scratch(backend, args.pg_admin_url, "r") as (r_url, r_target),
+                scratch(backend, args.pg_admin_url, "w") as (w_url, _),
             ):
                 f_job = fill(f_url, rows)
                 r_job = fill(r_url, rows)
+                w_job = fill(w_url, rows)
                 sides: list[tuple[list[Run], Callable[[], Run]]] = [
                     (frontier, functools.partial(run_frontier, f_url, f_job, args.batch)),
                     (raw, functools.partial(run_raw, backend, r_target, r_job, args.batch, script)),
+                    (riding, functools.partial(run_frontier_riding, w_url, w_job, args.batch)),
                 ]
                 for into, run in sides if r % 2 == 0 else sides[::-1]:
                     into.append(run())
-            fr, rw = frontier[-1], raw[-1]
+            fr, rw, wr = frontier[-1], raw[-1], riding[-1]
             print(
                 f"{backend} round {r + 1}: frontier {fr.rows_per_s:,.0f} rows/s, raw "
                 f"{rw.rows_per_s:,.0f} rows/s, ratio {fr.rows_per_s / rw.rows_per_s:.2f}; "
                 f"per CPU second {fr.rows_per_cpu_s:,.0f} / {rw.rows_per_cpu_s:,.0f}, ratio "
                 f"{fr.rows_per_cpu_s / rw.rows_per_cpu_s:.2f} "
-                f"(driver calls {fr.calls} / {rw.calls})",
+                f"(driver calls {fr.calls} / {rw.calls}); ack and claim in one write "
+                f"{wr.rows_per_s:,.0f} rows/s ({wr.calls} driver calls)",
                 flush=True,
             )
             if fr.calls != rw.calls:
@@ -778,9 +826,11 @@ def main() -> int:
                 )
         f_med = median([x.rows_per_s for x in frontier])
         r_med = median([x.rows_per_s for x in raw])
+        w_med = median([x.rows_per_s for x in riding])
         ratio = f_med / r_med
         paired = [f.rows_per_s / w.rows_per_s for f, w in zip(frontier, raw, strict=True)]
         calls = frontier[0].calls / (frontier[0].rows / args.batch)
+        w_calls = riding[0].calls / (riding[0].rows / args.batch)
         print(
             f"\n#### {backend}: claim + ack, {args.rows} rows, batches of {args.batch}, "
             f"medians of {args.repeat}\n"
@@ -790,16 +840,18 @@ def main() -> int:
         r_cpu = median([x.rows_per_cpu_s for x in raw])
         print(
             f"| backend | frontier rows/s | raw driver rows/s | frontier / raw ({need}) "
-            "| frontier rows/CPU s | raw rows/CPU s | frontier / raw, CPU |"
+            "| frontier rows/CPU s | raw rows/CPU s | frontier / raw, CPU "
+            "| frontier, ack and next claim in one write, rows/s |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         print(
             f"| {backend} | {f_med:,.0f} | {r_med:,.0f} | {ratio:.2f} "
-            f"| {f_cpu:,.0f} | {r_cpu:,.0f} | {f_cpu / r_cpu:.2f} |"
+            f"| {f_cpu:,.0f} | {r_cpu:,.0f} | {f_cpu / r_cpu:.2f} | {w_med:,.0f} |"
         )
         print(
             f"\nper-round ratios: {', '.join(f'{p:.2f}' for p in paired)}; "
-            f"{calls:.1f} driver calls per batch on both sides\n"
+            f"{calls:.1f} driver calls per batch on both sides, {w_calls:.1f} with the "
+            "ack and the next claim in one write\n"
         )
         ok &= args.smoke or ratio >= 0.5
         if args.profile:

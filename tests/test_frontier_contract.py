@@ -987,6 +987,17 @@ def test_a_sqlite_claim_alone_and_settlements_alone_are_one_statement_each(
         before = frontier.round_trips
         rest = claim(frontier, job_id, limit=16)
         assert len(rest.rows) == 8 and frontier.round_trips - before > 1
+        # The rows of one claim settled alike (a crawl's usual ack): one statement,
+        # their ids as parameters; under a token that does not hold them, none.
+        wrong = [Transition(c.id, "0" * 32, Outcome.DONE) for c in rest.rows]
+        result = frontier.write(job_id, WriteBatch(transitions=wrong))
+        assert result.settled == [] and result.lost == [c.id for c in rest.rows]
+        before = frontier.round_trips
+        acks = [Transition(c.id, c.token, Outcome.DONE) for c in rest.rows]
+        result = frontier.write(job_id, WriteBatch(transitions=acks))
+        assert frontier.round_trips - before == 1
+        assert result.settled == [c.id for c in rest.rows] and result.lost == []
+        assert frontier.counts(job_id) == {"done": 13, "ignored": 6, "leased": 1}
     finally:
         frontier.close()
 

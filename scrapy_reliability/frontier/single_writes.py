@@ -110,11 +110,13 @@ class SingleWrites:
                 claim_now + claim.lease_seconds,
                 claim_now,
             )
-        output = Output(
-            tuple((feed, at[0], at[1]) for feed, at in batch.feed_positions.items()),
-            tuple(batch.items),
-            batch.items_table,
-        )
+        output = NO_OUTPUT
+        if batch.feed_positions or batch.items:
+            output = Output(
+                tuple((feed, at[0], at[1]) for feed, at in batch.feed_positions.items()),
+                tuple(batch.items),
+                batch.items_table,
+            )
         return SingleWrite(job_id, batch.inserts, settles, claim, lease, now, output)
 
     def write(self, w: SingleWrite) -> WriteResult:

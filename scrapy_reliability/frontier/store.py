@@ -60,6 +60,10 @@ SQLAlchemyError = _SQLAlchemyError
 _DEADLOCK_RETRIES = 5
 
 
+#: A claim without politeness: it limits nothing (frozen, so one serves every call).
+_UNLIMITED = Politeness()
+
+
 def _now(now: float | None) -> float:
     return clock.now() if now is None else now
 
@@ -319,7 +323,7 @@ class Frontier:
         (see ``HotSql.write_single``), else None (a transaction)."""
         settles = self._writes.settlements_single(job_id, batch, policy)
         claims = claim is not None
-        if settles is None or (claim and (claim.politeness or Politeness()).limits_anything):
+        if settles is None or (claim and (claim.politeness or _UNLIMITED).limits_anything):
             return None
         output = bool(batch.feed_positions or batch.items)
         single = self._sql.writes_single(len(batch.inserts), len(settles), claims, output)
@@ -415,7 +419,7 @@ class Frontier:
         pinned = now is not None
         now = _now(now)
         spec = ClaimSpec(worker_id, limit, lease_seconds, politeness)
-        limited = (politeness or Politeness()).limits_anything
+        limited = (politeness or _UNLIMITED).limits_anything
         self._leases.resolve()
         with self.tokens.claiming() as landed:
             if self._sql.writes_single(0, 0, True) and not limited:

@@ -7,7 +7,7 @@ connection of its own (:mod:`.hotsql.pgasync`)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -29,10 +29,10 @@ from scrapy_reliability.frontier.records import (
     ClaimResult,
     ClaimSpec,
     NewRequest,
-    Outcome,
     WriteBatch,
     WriteResult,
 )
+from scrapy_reliability.frontier.schema import DONE
 from scrapy_reliability.frontier.tokens import ClaimTokens
 
 T = TypeVar("T")
@@ -57,7 +57,7 @@ class SingleWrite:
 
     @property
     def acks(self) -> bool:
-        return any(state == Outcome.DONE.value for _, _, state in self.settles)
+        return any(state == DONE for _, _, state in self.settles)
 
 
 class SingleWrites:
@@ -155,16 +155,10 @@ class SingleWrites:
         if self._async is not None:
             self._async.close()
 
-    @contextlib.contextmanager
-    def _acking(self, w: SingleWrite) -> Iterator[None]:
+    def _acking(self, w: SingleWrite) -> _Acking:
         if w.lease is not None:  # its claim's token, known before the statement goes
             self._tokens.sending(w.lease.token, w.lease.worker_id)
-        acks = w.acks
-        if acks:
-            crash_point("before_ack_commit")
-        yield
-        if acks:
-            crash_point("after_ack_commit")
+        return _Acking(w.acks)
 
     @staticmethod
     def _short(w: SingleWrite, single: SingleResult) -> bool:
@@ -193,3 +187,21 @@ class SingleWrites:
             [request_id for request_id, _, _ in w.settles if request_id not in settled],
             claimed,
         )
+
+
+class _Acking:
+    """Around a write's statement: the crash points of an ack's commit. A class, not
+    a generator (every claim and write enters one, on the hot path)."""
+
+    __slots__ = ("_acks",)
+
+    def __init__(self, acks: bool):
+        self._acks = acks
+
+    def __enter__(self) -> None:
+        if self._acks:
+            crash_point("before_ack_commit")
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if exc_type is None and self._acks:
+            crash_point("after_ack_commit")

@@ -25,9 +25,8 @@ renewals on the heartbeat's.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 from scrapy_reliability.frontier.records import ClaimResult, WriteResult
@@ -57,23 +56,13 @@ class ClaimTokens:
         held; a token that leased nothing is dropped."""
         with self._lock:
             if claimed is not None:
-                self._held.update(row.token for row in claimed.rows)
+                self._held.update({row.token for row in claimed.rows})  # one per claim
             self._sending.clear()
 
-    @contextlib.contextmanager
-    def claiming(self) -> Iterator[Callable[[R], R]]:
+    def claiming(self) -> _Claiming:
         """Around a call of the frontier that may claim: the result passed to the
         function it yields has :meth:`landed`; an exception means :meth:`failed`."""
-
-        def landed(result: R) -> R:
-            self.landed(result if isinstance(result, ClaimResult) else result.claimed)
-            return result
-
-        try:
-            yield landed
-        except BaseException:
-            self.failed()
-            raise
+        return _Claiming(self)
 
     def failed(self) -> None:
         """The call whose claims were sent raised: whether they committed is
@@ -107,3 +96,24 @@ class ClaimTokens:
         """Drop the tokens held before a renewal that no leased row carried then."""
         with self._lock:
             self._held -= held_before - still_leased
+
+
+class _Claiming:
+    """:meth:`ClaimTokens.claiming`: a class, not a generator (every claim and write
+    enters one, on the hot path)."""
+
+    __slots__ = ("_tokens",)
+
+    def __init__(self, tokens: ClaimTokens):
+        self._tokens = tokens
+
+    def __enter__(self) -> Callable[[R], R]:
+        return self._landed
+
+    def _landed(self, result: R) -> R:
+        self._tokens.landed(result if isinstance(result, ClaimResult) else result.claimed)
+        return result
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if exc_type is not None:
+            self._tokens.failed()

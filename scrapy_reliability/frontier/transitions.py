@@ -25,10 +25,19 @@ from scrapy_reliability.frontier.records import (
     storable_text,
 )
 from scrapy_reliability.frontier.recrawl import Fetched, record_fetches
-from scrapy_reliability.frontier.schema import DEAD, LEASED, PENDING, dead_letters, requests
+from scrapy_reliability.frontier.schema import (
+    DEAD,
+    DONE,
+    IGNORED,
+    LEASED,
+    PENDING,
+    dead_letters,
+    requests,
+)
 
 # Settlements that share one statement: the row's final state and nothing else.
-_PLAIN = (Outcome.DONE, Outcome.IGNORED)
+_DONE = Outcome.DONE
+_PLAIN = (_DONE, Outcome.IGNORED)
 
 
 def cleared_lease(state: str, now: float) -> dict[str, object]:
@@ -143,7 +152,8 @@ class WritePath:
                 or tr.slow_down
             ):
                 return None
-            settles.append((tr.request_id, tr.token, tr.outcome.value))
+            # Not ``.value`` (an enum property): per settlement, on the hot path.
+            settles.append((tr.request_id, tr.token, DONE if tr.outcome is _DONE else IGNORED))
         return settles
 
     def _insert_requests(

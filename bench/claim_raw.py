@@ -467,31 +467,16 @@ class Run:
 
 
 def run_frontier(url: str, job: int, batch: int) -> Run:
-    frontier = Frontier.connect(url)
-    try:
-        before = frontier.round_trips
+    def claim_then_ack(frontier: Frontier) -> int:
         acked = 0
-        started, cpu = time.perf_counter(), time.process_time()
         while True:
             result = frontier.claim(job, WORKER, batch, lease_seconds=LEASE_SECONDS)
             if not result.rows:
-                break
-            frontier.write(
-                job,
-                WriteBatch(
-                    transitions=[Transition(r.id, r.token, Outcome.DONE) for r in result.rows]
-                ),
-            )
+                return acked
+            frontier.write(job, _acks(result.rows))
             acked += len(result.rows)
-        elapsed = time.perf_counter() - started
-        cpu = time.process_time() - cpu
-        calls = frontier.round_trips - before
-        done = frontier.counts(job).get("done", 0)
-    finally:
-        frontier.close()
-    if done != acked:
-        raise SystemExit(f"claim_raw: frontier acked {acked} rows but {done} are done")
-    return Run(acked / elapsed, acked, calls, elapsed, cpu)
+
+    return _timed(url, job, "frontier", claim_then_ack)
 
 
 def run_frontier_riding(url: str, job: int, batch: int) -> Run:
@@ -499,26 +484,40 @@ def run_frontier_riding(url: str, job: int, batch: int) -> Run:
     ``Frontier.write`` that acks the previous claim's rows and claims the next ones
     (``claim=ClaimSpec(...)``: the scheduler's write pipeline carries its claim on the
     ack's write, one statement on PostgreSQL, one transaction on SQLite)."""
-    frontier = Frontier.connect(url)
     spec = ClaimSpec(WORKER, batch, LEASE_SECONDS)
-    try:
-        before = frontier.round_trips
+
+    def ack_and_claim(frontier: Frontier) -> int:
         acked = 0
-        started, cpu = time.perf_counter(), time.process_time()
         rows = frontier.claim(job, WORKER, batch, lease_seconds=LEASE_SECONDS).rows
         while rows:
-            done = WriteBatch(transitions=[Transition(r.id, r.token, Outcome.DONE) for r in rows])
-            claimed = frontier.write(job, done, claim=spec).claimed
+            claimed = frontier.write(job, _acks(rows), claim=spec).claimed
             acked += len(rows)
             rows = claimed.rows if claimed is not None else []
+        return acked
+
+    return _timed(url, job, "one write", ack_and_claim)
+
+
+def _acks(rows: Sequence[Any]) -> WriteBatch:
+    return WriteBatch(transitions=[Transition(r.id, r.token, Outcome.DONE) for r in rows])
+
+
+def _timed(url: str, job: int, side: str, loop: Callable[[Frontier], int]) -> Run:
+    """``loop`` (which returns the rows it acked) timed on a frontier of its own;
+    every row it acked must be done."""
+    frontier = Frontier.connect(url)
+    try:
+        before = frontier.round_trips
+        started, cpu = time.perf_counter(), time.process_time()
+        acked = loop(frontier)
         elapsed = time.perf_counter() - started
         cpu = time.process_time() - cpu
         calls = frontier.round_trips - before
-        done_rows = frontier.counts(job).get("done", 0)
+        done = frontier.counts(job).get("done", 0)
     finally:
         frontier.close()
-    if done_rows != acked:
-        raise SystemExit(f"claim_raw: riding acked {acked} rows but {done_rows} are done")
+    if done != acked:
+        raise SystemExit(f"claim_raw: the {side} side acked {acked} rows but {done} are done")
     return Run(acked / elapsed, acked, calls, elapsed, cpu)
 
 

@@ -56,7 +56,7 @@ class ClaimTokens:
         held; a token that leased nothing is dropped."""
         with self._lock:
             if claimed is not None:
-                self._held.update({row.token for row in claimed.rows})  # one per claim
+                self._held.update({row.token for row in claimed.rows})  # one token per claim
             self._sending.clear()
 
     def claiming(self) -> _Claiming:

@@ -36,8 +36,7 @@ from scrapy_reliability.frontier.schema import (
 )
 
 # Settlements that share one statement: the row's final state and nothing else.
-_DONE = Outcome.DONE
-_PLAIN = (_DONE, Outcome.IGNORED)
+_PLAIN = (Outcome.DONE, Outcome.IGNORED)
 
 
 def cleared_lease(state: str, now: float) -> dict[str, object]:
@@ -153,7 +152,8 @@ class WritePath:
             ):
                 return None
             # Not ``.value`` (an enum property): per settlement, on the hot path.
-            settles.append((tr.request_id, tr.token, DONE if tr.outcome is _DONE else IGNORED))
+            state = DONE if tr.outcome is Outcome.DONE else IGNORED
+            settles.append((tr.request_id, tr.token, state))
         return settles
 
     def _insert_requests(

@@ -287,8 +287,8 @@ class HotSql(abc.ABC):
     @staticmethod
     def _claimed(rows: Iterable[Sequence[Any]], token: str) -> list[Claimed]:
         """The rows a lease returned (the columns of ``_CLAIMED``), checked: a text
-        column that holds anything else reads as NULL. Built as plain tuples (every
-        field given): a claim builds one per row, on the hot path."""
+        column that holds anything else reads as NULL (the URL as empty). Built as
+        plain tuples (every field given): a claim builds one per row, on the hot path."""
         claimed = []
         for r in rows:
             (id_, fp, payload, attempts, priority, failed, hash_, ns, every, why, order, url) = r

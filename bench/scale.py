@@ -148,9 +148,10 @@ def row_values(i: int, port: int) -> tuple[str, str, str, str]:
     ).digest()
     # A new job's key format (schema.KEY_COMPACT): base64url, no padding.
     key = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-    # Version 2: the URL is the row's; the Referer, on the request's own origin, its path.
+    # Version 3: the URL is the row's; the Referer, on the request's own origin, its
+    # path; that path, the callback and the depth by position.
     ref = referer[len(f"http://{host}:{port}") :]
-    payload = '{"v":2,"ref":"' + ref + '","callback":"parse","meta":{"depth":' + str(depth) + "}}"
+    payload = '[3,"' + ref + '","parse",' + str(depth) + "]"
     return key, host, url, payload
 
 

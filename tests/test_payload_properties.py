@@ -30,10 +30,11 @@ from scrapy_reliability.serialization import (
     CorruptPayload,
     MissingCallback,
     UnserializableRequest,
+    payload_fields,
     payload_to_request,
     request_to_payload,
 )
-from scrapy_reliability.serialization.encode import url_origin
+from scrapy_reliability.serialization.encode import compact_payload, url_origin
 
 PROPERTY = settings(
     max_examples=10_000,
@@ -165,6 +166,15 @@ def requests(draw: st.DrawFn) -> tuple[scrapy.Request, str | None]:
         draw(st.text(max_size=5)),
     )
     meta = draw(st.dictionaries(KEYS, STORABLE, max_size=3))
+    # Scrapy's DepthMiddleware sets an int depth last (a payload of version 3 stores it
+    # by position); anywhere else, or another value, it is a key like the others.
+    depth = draw(st.sampled_from([None, "last", "last", "first", "odd"]))
+    if depth == "last":
+        meta["depth"] = draw(st.integers(0, 2**70))
+    elif depth == "first":
+        meta = {"depth": draw(st.integers()), **meta}
+    elif depth == "odd":
+        meta["depth"] = draw(st.one_of(st.booleans(), FINITE, ANY_TEXT, st.none()))
     cb_kwargs = draw(st.dictionaries(KEYS, STORABLE, max_size=2))
     cookies = draw(COOKIES)
     # One request in four or so holds something the writer must refuse.
@@ -239,6 +249,7 @@ def assert_same_request(back: scrapy.Request, request: scrapy.Request) -> None:
     assert back.body == request.body
     meta = {k: v for k, v in request.meta.items() if k not in TRANSIENT_META}
     assert back.meta == normalized(meta)
+    assert list(back.meta) == list(normalized(meta)), "meta keeps its keys' order"
     assert back.cb_kwargs == normalized(request.cb_kwargs)
     assert back.cookies == (normalized(request.cookies) or {})
     assert back.priority == request.priority
@@ -276,7 +287,8 @@ def test_requests_round_trip_or_are_refused_by_name(case: tuple[scrapy.Request, 
     # Any TEXT column of SQLite or PostgreSQL holds it as it is.
     assert payload.isascii()
     assert "\x00" not in payload
-    stored = json.loads(payload)
+    assert json.loads(payload)[0] == 3, "a payload of version 3 is an array"
+    stored = payload_fields(payload)
     assert "url" not in stored, "the URL is the row's column"
     referers = request.headers.getlist(b"Referer")
     own = url_origin(request.url) + "/"
@@ -373,6 +385,31 @@ VALID_2: dict[str, Any] = {
     "ref": "/",
 }
 FIELDS = [*sorted(VALID), "body_b64", "ref"]
+#: The same request (depth last in its meta) in a payload of version 3: an array, the
+#: depth by position.
+VALID_3 = compact_payload(
+    {k: v for k, v in VALID_2.items() if k != "v"}
+    | {"meta": {**{k: v for k, v in VALID["meta"].items() if k != "depth"}, "depth": 1}}
+)
+assert VALID_3[3] == 1
+
+
+@st.composite
+def mutated_arrays(draw: st.DrawFn) -> str:
+    """Payloads of version 3, nearly right: an element replaced, dropped or added, a
+    field of the last element set."""
+    data = json.loads(json.dumps(VALID_3))
+    for _ in range(draw(st.integers(1, 3))):
+        op = draw(st.sampled_from(["set", "drop", "append", "field"]))
+        if op == "set" and data:
+            data[draw(st.integers(0, len(data) - 1))] = draw(ANYTHING)
+        elif op == "drop" and data:
+            del data[draw(st.integers(0, len(data) - 1))]
+        elif op == "append":
+            data.append(draw(ANYTHING))
+        elif op == "field" and data and isinstance(data[-1], dict):
+            data[-1][draw(st.one_of(st.sampled_from(FIELDS), ANY_TEXT))] = draw(ANYTHING)
+    return json.dumps(data, ensure_ascii=draw(st.booleans()))
 
 
 @st.composite
@@ -411,6 +448,7 @@ STORED_TEXT = st.one_of(
     ANY_TEXT,
     mutated_payloads(),
     mutated_payloads(),  # twice as often: payloads that are nearly right
+    mutated_arrays(),
 )
 
 # Modules a rebuild may import: a standard-library codec named by a stored encoding.

@@ -33,6 +33,7 @@ from scrapy_playwright.page import PageMethod
 from scrapy_reliability.retry import ErrorClass, RetryPolicy, classify_playwright_error
 from scrapy_reliability.serialization import (
     UnserializableRequest,
+    payload_fields,
     payload_to_request,
     request_to_payload,
 )
@@ -227,7 +228,7 @@ def test_page_methods_run_again_after_kill_9(tmp_path: Path, chromium: str):
         db = tmp_path / "job" / "reliability.sqlite"
         (row,) = [r for r in frontier_rows(db) if "/p/" in r["url"]]
         assert row["state"] == "leased"  # by the killed process
-        meta = json.loads(row["payload"])["meta"]
+        meta = payload_fields(row["payload"])["meta"]
         assert meta["playwright"] is True
         assert meta["playwright_include_page"] is True
         assert "playwright_page" not in meta  # a live object is never stored
@@ -730,7 +731,7 @@ def test_a_live_page_is_never_stored(chromium: str):
     scrapy-playwright fetches it in a new page."""
     same, payload = asyncio.run(_live_page_payloads())
     assert same
-    stored = json.loads(payload)["meta"]["playwright_page"]
+    stored = payload_fields(payload)["meta"]["playwright_page"]
     assert stored["__reliability_type__"] == "playwright.Page"
     assert set(stored["value"]) == {"ref", "pid"}
     script = (

@@ -3,10 +3,9 @@ honest end). Run on SQLite and on PostgreSQL through the public Frontier operati
 
 from __future__ import annotations
 
-import json
-
 from scrapy_reliability.frontier import Frontier, Outcome, Transition, WriteBatch
 from scrapy_reliability.frontier.schema import dead_letters
+from scrapy_reliability.serialization import payload_fields
 from tests.frontier_helpers import add
 from tests.test_frontier_contract import NOW, SCHEME, claim, req
 
@@ -67,7 +66,7 @@ def test_fifty_burials_in_one_process_write_fifty_dead_letters(frontier: Frontie
     assert {d.error_class for d in stored} == {"permanent"}
     assert {d.last_status for d in stored} == {404}
     assert {d.first_failed_at for d in stored} == {NOW}
-    assert all(json.loads(d.payload)["callback"] == "parse" for d in stored)
+    assert all(payload_fields(d.payload)["callback"] == "parse" for d in stored)
     print("dead letters after 100 burials in one process:", len(stored))
 
 

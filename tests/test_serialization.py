@@ -18,6 +18,7 @@ from scrapy_reliability.serialization import (
     MissingCallback,
     UnserializableRequest,
     check_storable_fields,
+    payload_fields,
     payload_to_request,
     request_to_payload,
 )
@@ -90,8 +91,8 @@ def test_subclasses_keep_their_class(spider):
 
 def test_payload_is_json_not_pickle(spider):
     payload = request_to_payload(scrapy.Request("http://127.0.0.2/", callback=spider.parse), spider)
-    data = json.loads(payload)
-    assert data["callback"] == "parse"
+    assert json.loads(payload) == [3, None, "parse"]
+    assert payload_fields(payload) == {"v": 3, "callback": "parse"}
 
 
 def test_unstorable_meta_names_the_key(spider):
@@ -197,7 +198,21 @@ def _with(**fields):
     [
         ("", "not JSON"),
         ('{"v": 1, "url": ', "not JSON"),
-        ("[1, 2]", "JSON array"),
+        ("[1, 2]", "array of version '1'"),
+        ("[]", "array of 0 elements"),
+        ("[3, null, null, null, {}, 1]", "array of 6 elements"),
+        ("[true]", "array whose version is a JSON boolean"),
+        ("[3.0]", "array whose version is a JSON number"),
+        ("[[[[3]]]]", "array whose version is a JSON array"),
+        ('[3, null, null, null, {"callback": "parse"}]', "last element names 'callback'"),
+        ('[3, null, null, null, {"v": 2}]', "last element names 'v'"),
+        ("[3, null, null, null, []]", "last element is a JSON array"),
+        ('[3, null, null, "2"]', "depth is a JSON string"),
+        ("[3, null, null, true]", "depth is a JSON boolean"),
+        ('[3, null, null, 2, {"meta": {"depth": 1}}]', "a depth and a meta that holds one"),
+        ("[3, null, 5]", "callback is a JSON number"),
+        ('[3, "p/1", null, null, {"url": "http://127.0.0.2/"}]', "ref is not a path"),
+        ('{"v": 3}', "version 3 is an array"),
         ("3", "JSON number"),
         ("null", "JSON null"),
         ('"text"', "JSON string"),
@@ -470,7 +485,7 @@ def test_serialization_does_not_import_the_playwright_integration():
 
 def test_request_id_is_not_stored(spider):
     request = scrapy.Request("http://127.0.0.2/", meta={"reliability_request_id": 5, "k": 1})
-    data = json.loads(request_to_payload(request, spider))
+    data = payload_fields(request_to_payload(request, spider))
     assert data["meta"] == {"k": 1}
 
 

@@ -30,7 +30,11 @@ from scrapy_reliability.serialization.checks import (
     MIN_PRIORITY,
     check_storable_fields,
 )
-from scrapy_reliability.serialization.decode import payload_key_request, payload_to_request
+from scrapy_reliability.serialization.decode import (
+    payload_fields,
+    payload_key_request,
+    payload_to_request,
+)
 from scrapy_reliability.serialization.encode import (
     CREDENTIAL_HEADERS,
     MAX_PAYLOAD_LENGTH,
@@ -65,6 +69,7 @@ __all__ = [
     "check_storable_fields",
     "current_spider",
     "note_gone",
+    "payload_fields",
     "payload_key_request",
     "payload_to_request",
     "register_codec",

@@ -154,47 +154,113 @@ def _json_type(value: Any) -> str:
 
 def _load(payload: object, url: object = None) -> dict[str, Any]:
     """The payload as a dict whose keys and value types are those of a payload, its
-    ``url`` set: the payload's own (version 1) or the row's (version 2)."""
+    ``url`` set: the payload's own (version 1) or the row's (versions 2 and 3); a
+    payload of version 3 (an array) as the object of version 2 it stands for."""
+    data = _parse(payload)
+    compact = isinstance(data, list)
+    if compact:
+        data = _expanded(data)
+    elif not isinstance(data, dict):
+        raise CorruptPayload(f"the payload is a JSON {_json_type(data)}, not an object")
+    fields: dict[str, Any] = data
+    _check_fields(fields)
+    if "v" not in fields:
+        raise CorruptPayload("the payload has no version (v)")
+    version = fields["v"]
+    if version == 1:
+        if "url" not in fields:
+            raise CorruptPayload("the payload has no url")
+        if "ref" in fields:
+            raise CorruptPayload("the payload of version 1 has a ref")
+        return fields
+    if version not in (2, PAYLOAD_VERSION) or compact != (version == PAYLOAD_VERSION):
+        raise CorruptPayload(
+            f"the payload is an object of version {_quote(str(version), 20)}, not 1 or 2 "
+            f"(version {PAYLOAD_VERSION} is an array; written by another version of "
+            "scrapy-reliability?)"
+        )
+    if "url" not in fields:  # a refused request's keeps its own: its row's may be cut
+        if not isinstance(url, str) or not url:
+            raise CorruptPayload("the row has no URL for its payload")
+        fields["url"] = url
+    ref = fields.get("ref")
+    if ref is not None and not ref.startswith("/"):
+        raise CorruptPayload("the stored ref is not a path")
+    return fields
+
+
+def payload_fields(payload: str) -> dict[str, Any]:
+    """The fields of a stored payload by the names of version 2 (``v`` its version),
+    what ``scrapy frontier show`` and a reader of the tables see; for a payload of
+    version 3, ``[3, "/a", "parse", 2]``: ``{"v": 3, "ref": "/a", "callback": "parse",
+    "meta": {"depth": 2}}``. Raises :class:`CorruptPayload` for a payload that is not
+    JSON, an object or an array of version 3."""
+    data = _parse(payload)
+    if isinstance(data, list):
+        return _expanded(data)
+    if not isinstance(data, dict):
+        raise CorruptPayload(f"the payload is a JSON {_json_type(data)}, not an object")
+    fields: dict[str, Any] = data
+    return fields
+
+
+def _parse(payload: object) -> Any:
     if not isinstance(payload, str):
         raise CorruptPayload(f"the payload is a {type(payload).__name__}, not JSON text")
     try:
-        data = _DECODER.decode(payload)
+        return _DECODER.decode(payload)
     except CorruptPayload:
         raise
     except RecursionError:
         raise CorruptPayload("the payload is JSON nested too deeply to read") from None
     except ValueError as exc:
         raise CorruptPayload(f"the payload is not JSON ({_describe(exc)})") from None
-    if not isinstance(data, dict):
-        raise CorruptPayload(f"the payload is a JSON {_json_type(data)}, not an object")
+
+
+def _check_fields(data: dict[str, Any]) -> None:
     for key, value in data.items():
         expected = _FIELD_TYPES.get(key)
         if expected is None:
             raise CorruptPayload(f"the payload has an unknown key {_quote(key)}")
         if not isinstance(value, expected) or (isinstance(value, bool) and expected is int):
             raise CorruptPayload(f"{key} is a JSON {_json_type(value)} in the payload")
-    if "v" not in data:
-        raise CorruptPayload("the payload has no version (v)")
-    version = data["v"]
-    if version == 1:
-        if "url" not in data:
-            raise CorruptPayload("the payload has no url")
-        if "ref" in data:
-            raise CorruptPayload("the payload of version 1 has a ref")
-        return data
+
+
+def _expanded(data: list[Any]) -> dict[str, Any]:
+    """The fields of a payload of version 3, ``[3, ref, callback, depth, rest]``, by
+    their names (encode.compact_payload writes it), ``v`` 3."""
+    if not data or len(data) > 5:
+        raise CorruptPayload(f"the payload is a JSON array of {len(data)} elements, not 1 to 5")
+    version = data[0]
+    if type(version) is not int:
+        raise CorruptPayload(
+            f"the payload is an array whose version is a JSON {_json_type(version)}"
+        )
     if version != PAYLOAD_VERSION:
         raise CorruptPayload(
-            f"the payload is of version {_quote(str(version), 20)}, not 1 or "
+            f"the payload is an array of version {_quote(str(version), 20)}, not "
             f"{PAYLOAD_VERSION} (written by another version of scrapy-reliability?)"
         )
-    if "url" not in data:  # a refused request's keeps its own: its row's may be cut
-        if not isinstance(url, str) or not url:
-            raise CorruptPayload("the row has no URL for its payload")
-        data["url"] = url
-    ref = data.get("ref")
-    if ref is not None and not ref.startswith("/"):
-        raise CorruptPayload("the stored ref is not a path")
-    return data
+    rest: Any = data[4] if len(data) == 5 else {}
+    if not isinstance(rest, dict):
+        raise CorruptPayload(f"the payload's last element is a JSON {_json_type(rest)}")
+    out: dict[str, Any] = {"v": PAYLOAD_VERSION}
+    for key in rest:
+        if key in ("v", "ref", "callback"):
+            raise CorruptPayload(f"the payload's last element names {_quote(key)}")
+    out.update(rest)
+    for key, value in zip(("ref", "callback"), data[1:3], strict=False):
+        if value is not None:
+            out[key] = value
+    depth = data[3] if len(data) > 3 else None
+    if depth is not None:
+        if type(depth) is not int:
+            raise CorruptPayload(f"depth is a JSON {_json_type(depth)} in the payload")
+        meta = out.get("meta", {})
+        if not isinstance(meta, dict) or "depth" in meta:
+            raise CorruptPayload("the payload has a depth and a meta that holds one")
+        out["meta"] = {**meta, "depth": depth}
+    return out
 
 
 def _request_classes() -> dict[str, type[Request]]:

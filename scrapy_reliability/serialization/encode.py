@@ -28,10 +28,13 @@ from scrapy_reliability.serialization.value_codecs import (
     _not_too_deep,
 )
 
-#: 2 (revision 0016): the URL is the row's own column, not repeated in the payload, and
-#: a Referer on the request's own origin is stored as its path (``ref``). Version 1
-#: payloads (with ``url``) are still read.
-PAYLOAD_VERSION = 2
+#: 3 (revision 0018): a JSON array, ``[3, ref, callback, depth, rest]``: the fields
+#: most requests have by position, the others in ``rest`` by name (see
+#: :func:`compact_payload`). 2 (revision 0016): an object; the URL is the row's own
+#: column, not repeated in the payload, and a Referer on the request's own origin is
+#: stored as its path (``ref``). Payloads of versions 1 (with ``url``) and 2 are still
+#: read.
+PAYLOAD_VERSION = 3
 
 #: Longest payload stored, in characters: far below the 1 GB either backend holds in
 #: one value, far above any request that does not carry a whole document in meta.
@@ -122,7 +125,7 @@ def request_to_payload(
     a spider method, a priority that is not an int, an encoding that is not a text
     codec of Python's standard library, a payload over :data:`MAX_PAYLOAD_LENGTH`.
     """
-    data: dict[str, Any] = {"v": PAYLOAD_VERSION}
+    data: dict[str, Any] = {}
     if with_url:
         data["url"] = request.url
     if request.method != "GET":
@@ -216,6 +219,38 @@ def request_to_payload(
     return payload
 
 
+def compact_payload(fields: dict[str, Any]) -> list[Any]:
+    """The version 3 form of a request's ``fields`` (the names of version 2, without
+    ``v``): ``[3, ref, callback, depth, rest]``. By position, what most links have: the
+    Referer path, the callback, and the depth Scrapy's DepthMiddleware set in meta;
+    ``null`` for one the request lacks, trailing ones left out. ``rest`` holds the
+    other fields by name. ``depth`` is taken only as meta's last key and an int (as
+    DepthMiddleware sets it), so that the meta rebuilt has its keys in their order.
+
+    A link of a crawl, ``{"v":2,"ref":"/a","callback":"parse","meta":{"depth":2}}`` in
+    version 2 (56 characters), is ``[3,"/a","parse",2]`` (18)."""
+    rest = {k: v for k, v in fields.items() if k not in ("ref", "callback")}
+    depth = None
+    meta = rest.get("meta")
+    if meta:
+        last = next(reversed(meta))
+        if type(last) is str and last == "depth" and type(meta[last]) is int:
+            depth = meta[last]
+            meta = dict(meta)
+            del meta[last]
+            if meta:
+                rest["meta"] = meta
+            else:
+                del rest["meta"]
+    out = [PAYLOAD_VERSION, fields.get("ref"), fields.get("callback"), depth]
+    if rest:
+        out.append(rest)
+    else:
+        while out[-1] is None:
+            out.pop()
+    return out
+
+
 def url_origin(url: str) -> str:
     """``scheme://host[:port]`` of ``url``: everything before the path's first ``/``
     (the whole URL if it has no path). A stored ``ref`` is relative to it."""
@@ -264,7 +299,7 @@ _C_ENCODER = (
 )
 
 
-def _plain_json(data: dict[str, Any]) -> str:
+def _plain_json(data: dict[str, Any] | list[Any]) -> str:
     """``data`` as compact ASCII JSON (no NaN or Infinity), as ``_PLAIN_JSON`` writes it."""
     if _C_ENCODER is None:
         return _PLAIN_JSON.encode(data)
@@ -283,19 +318,23 @@ def added_request_payload(request: Request, callback: str | None) -> str:
     if callback is None:
         return payload
     data = json.loads(payload)
-    data["callback"] = callback
+    data.extend([None] * (3 - len(data)))
+    data[2] = callback
     return _plain_json(data)
 
 
 def _encode(data: dict[str, Any], spider: Spider, request: Request) -> str:
+    """The payload of a request's fields ``data`` (its version 3 form); naming the
+    field that cannot be stored when one cannot."""
+    compact = compact_payload(data)
     try:
         # Plain JSON values (most requests): no codec, so no spider context.
-        return _not_too_deep(_plain_json(data))
+        return _not_too_deep(_plain_json(compact))
     except _UNWRITABLE:
         pass
     with _for_spider(spider):
         try:
-            return _dumps(data)
+            return _dumps(compact)
         except _UNWRITABLE:
             pass
         for field in _VALUE_FIELDS:

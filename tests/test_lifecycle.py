@@ -150,7 +150,9 @@ def test_dupefilter_alone_under_scrapy_scheduler(tmp_path):
 
 
 def test_second_process_on_one_sqlite_frontier_is_refused(tmp_path):
-    config = SiteConfig(pages=PAGES, latency_ms=20)
+    # A slow site: the first crawl must outlast the second one's start on a busy machine
+    # (at 20 ms a page it once ended first, and the second crawl ran as it should).
+    config = SiteConfig(pages=PAGES, latency_ms=1000)
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
         project = make_project(tmp_path)
         crawl = Crawl(project, site.start_urls(), f"JOBDIR={tmp_path / 'job'}")

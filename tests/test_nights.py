@@ -134,8 +134,9 @@ def test_a_lower_delay_tonight_resets_what_last_night_learned(
     """Night 1 meets a site that allows 2 requests/s per host, at DOWNLOAD_DELAY 0.25
     (4/s): several 429s teach each host a limit. Night 2, the site no longer limits
     and the project lowered DOWNLOAD_DELAY to 0.05: the learned limits are reset (the
-    start lines name them) and the run takes at most 1.5 times a fresh job's time
-    with the same settings (about 12 times as long when the limits were carried)."""
+    start lines name them) and the run takes at most 3 times a fresh job's time with
+    the same settings (about 12 times as long when the limits were carried; 1.72x
+    once on a busy machine, the times being a few seconds each)."""
     config = SiteConfig(pages=30, host_rate=2, retry_after=1)
     where, _url = _database(tmp_path, backend, request)
     project = make_project(tmp_path)
@@ -176,4 +177,4 @@ def test_a_lower_delay_tonight_resets_what_last_night_learned(
     for host in config.hosts:
         assert f"{host} (limit" in reset, reset
     assert "its configured rate changed from 4/s to 20/s" in reset
-    assert night_two <= 1.5 * fresh_time
+    assert night_two <= 3 * fresh_time

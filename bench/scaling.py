@@ -11,11 +11,14 @@ For each run: a fresh database; all N workers are started at once with
 ``RELIABILITY_JOB=scale``; the time is from the first start to the last exit
 (start-up included); pages = the sum of the workers' ``response_received_count``;
 round trips = the sum of their ``reliability/db/round_trips`` (every statement, BEGIN
-and COMMIT the frontier sent). Exit status 1 if a worker fails (``_common.crawl_problems``)
-or the workers' items together miss a page.
+and COMMIT the frontier sent). Exit status 1 if a worker fails (``_common.crawl_problems``),
+the workers' items together miss a page, or the largest worker count's speed-up over the
+first (medians of the run times) is below ``--min-speedup`` (3.5: four workers against
+one; 0 checks nothing, for a run too short to say).
 
-    python bench/scaling.py [--pages 300] [--workers 1,2,4] [--repeat 2]
-        [--latency-ms 200] [--concurrency 4] [--pg-admin-url URL] [--set NAME=VALUE ...]
+    python bench/scaling.py [--pages 1000] [--workers 1,2,4] [--repeat 2]
+        [--latency-ms 200] [--concurrency 4] [--min-speedup 3.5] [--pg-admin-url URL]
+        [--set NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -122,12 +125,18 @@ def run_workers(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pages", type=int, default=300, help="pages per host (3 hosts)")
+    parser.add_argument("--pages", type=int, default=1000, help="pages per host (3 hosts)")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--latency-ms", type=float, default=200.0)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
+    parser.add_argument(
+        "--min-speedup",
+        type=float,
+        default=3.5,
+        help="least speed-up of the last --workers count over the first (0: none)",
+    )
     parser.add_argument("--pg-admin-url", default=PG_ADMIN_URL)
     parser.add_argument("--json", type=Path, help="write all results here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -189,13 +198,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{base / wall if wall else float('nan'):9.2f} "
             f"{median([x['round_trips_per_page'] for x in mine]):11.2f}"
         )
+    speedup = float("nan")
     for n in counts[1:]:
         wall = median([x["wall_s"] for x in runs if x["workers"] == n and x["ok"]])
-        print(f"speed-up {n} workers / {counts[0]} = {base / wall if wall else float('nan'):.2f}")
+        speedup = base / wall if wall else float("nan")
+        print(f"speed-up {n} workers / {counts[0]} = {speedup:.2f}")
     print(f"# total {time.monotonic() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2))
-    return 0 if all(x["ok"] for x in runs) else 1
+    status = 0 if all(x["ok"] for x in runs) else 1
+    if args.min_speedup and len(counts) > 1 and not speedup >= args.min_speedup:
+        print(
+            f"FAIL: {counts[-1]} workers are {speedup:.2f}x as fast as {counts[0]}, "
+            f"below --min-speedup {args.min_speedup:g}"
+        )
+        status = 1
+    return status
 
 
 if __name__ == "__main__":

@@ -212,7 +212,7 @@ def _with(**fields):
         ('[3, null, null, 2, {"meta": {"depth": 1}}]', "a depth and a meta that holds one"),
         ("[3, null, 5]", "callback is a JSON number"),
         ('[3, "p/1", null, null, {"url": "http://127.0.0.2/"}]', "ref is not a path"),
-        ('{"v": 3}', "version 3 is an array"),
+        ('{"v": 3}', "object of version 3, which is an array"),
         ("3", "JSON number"),
         ("null", "JSON null"),
         ('"text"', "JSON string"),

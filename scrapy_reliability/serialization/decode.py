@@ -156,13 +156,7 @@ def _load(payload: object, url: object = None) -> dict[str, Any]:
     """The payload as a dict whose keys and value types are those of a payload, its
     ``url`` set: the payload's own (version 1) or the row's (versions 2 and 3); a
     payload of version 3 (an array) as the object of version 2 it stands for."""
-    data = _parse(payload)
-    compact = isinstance(data, list)
-    if compact:
-        data = _expanded(data)
-    elif not isinstance(data, dict):
-        raise CorruptPayload(f"the payload is a JSON {_json_type(data)}, not an object")
-    fields: dict[str, Any] = data
+    fields = payload_fields(payload)
     _check_fields(fields)
     if "v" not in fields:
         raise CorruptPayload("the payload has no version (v)")
@@ -173,11 +167,10 @@ def _load(payload: object, url: object = None) -> dict[str, Any]:
         if "ref" in fields:
             raise CorruptPayload("the payload of version 1 has a ref")
         return fields
-    if version not in (2, PAYLOAD_VERSION) or compact != (version == PAYLOAD_VERSION):
+    if version not in (2, PAYLOAD_VERSION):
         raise CorruptPayload(
-            f"the payload is an object of version {_quote(str(version), 20)}, not 1 or 2 "
-            f"(version {PAYLOAD_VERSION} is an array; written by another version of "
-            "scrapy-reliability?)"
+            f"the payload is of version {_quote(str(version), 20)}, not 1, 2 or "
+            f"{PAYLOAD_VERSION} (written by another version of scrapy-reliability?)"
         )
     if "url" not in fields:  # a refused request's keeps its own: its row's may be cut
         if not isinstance(url, str) or not url:
@@ -189,17 +182,21 @@ def _load(payload: object, url: object = None) -> dict[str, Any]:
     return fields
 
 
-def payload_fields(payload: str) -> dict[str, Any]:
+def payload_fields(payload: object) -> dict[str, Any]:
     """The fields of a stored payload by the names of version 2 (``v`` its version),
-    what ``scrapy frontier show`` and a reader of the tables see; for a payload of
-    version 3, ``[3, "/a", "parse", 2]``: ``{"v": 3, "ref": "/a", "callback": "parse",
-    "meta": {"depth": 2}}``. Raises :class:`CorruptPayload` for a payload that is not
-    JSON, an object or an array of version 3."""
+    for a reader of the tables; for a payload of version 3, ``[3, "/a", "parse", 2]``:
+    ``{"v": 3, "ref": "/a", "callback": "parse", "meta": {"depth": 2}}``. Raises
+    :class:`CorruptPayload` for a payload that is not JSON, an object of an earlier
+    version or an array of version 3 (their fields are checked when rebuilt)."""
     data = _parse(payload)
     if isinstance(data, list):
         return _expanded(data)
     if not isinstance(data, dict):
         raise CorruptPayload(f"the payload is a JSON {_json_type(data)}, not an object")
+    if data.get("v") == PAYLOAD_VERSION:
+        raise CorruptPayload(
+            f"the payload is an object of version {PAYLOAD_VERSION}, which is an array"
+        )
     fields: dict[str, Any] = data
     return fields
 

@@ -10,6 +10,7 @@ acceptance (status after a faulty crawl) is in test_observability.py.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -328,6 +329,40 @@ def test_status_of_a_running_job_shows_its_workers_and_leases(
     missing = frontier_cmd(tmp_path, "status", "--database-url", frontier_url, "--job", "nope")
     assert missing.returncode == 1
     assert "job 'nope' never ran" in missing.stdout and JOB in missing.stdout
+
+
+def test_status_says_how_much_disk_the_frontier_takes(frontier_url: str, tmp_path: Path) -> None:
+    """``status`` gives the frontier's size on disk (JSON ``disk``, and one line): on
+    SQLite the file and its log, on PostgreSQL the frontier's tables and, of them, the
+    stored requests. 2,000 requests of 2 KB each show in both figures."""
+    common = ["--database-url", frontier_url, "--job", JOB]
+    frontier = Frontier.connect(frontier_url, exclusive=False)
+    try:
+        job = frontier.open_job(JOB, SCHEME)
+        add(frontier, job.id, [new("http://disk.test/first")])
+        before = as_json(frontier_cmd(tmp_path, "status", *common, "--json"))["disk"]
+        # Random text, which neither database compresses.
+        urls = [f"http://disk.test/{i}?{os.urandom(1000).hex()}" for i in range(2000)]
+        add(frontier, job.id, [new(url) for url in urls])
+    finally:
+        frontier.close()
+    after = as_json(frontier_cmd(tmp_path, "status", *common, "--json"))["disk"]
+    grown = {key: (before[key], after[key]) for key in ("total", "requests")}
+    print(f"disk before and after 2,000 requests of 2 KB: {grown}")
+    assert after["total"] - before["total"] >= 2000 * 2000
+    if frontier_url.startswith("sqlite"):
+        path = Path(frontier_url.removeprefix("sqlite:///"))
+        wal = path.with_name(path.name + "-wal")
+        on_disk = path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+        assert after == {"total": on_disk, "requests": None}
+        line = f"On disk: {on_disk / 1024**2:.1f} MB, the database file and its log"
+    else:
+        assert after["requests"] - before["requests"] >= 2000 * 2000
+        assert after["requests"] < after["total"]
+        line = "of it stored requests"
+    text = frontier_cmd(tmp_path, "status", *common)
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert line in text.stdout
 
 
 def test_doctor(states: States, frontier_url: str, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import datetime
 from typing import Any
 
 from scrapy_reliability.commands.context import Context
+from scrapy_reliability.commands.text import size
 from scrapy_reliability.frontier import cache_table
 from scrapy_reliability.retrypass import parse_duration
 
@@ -25,15 +26,15 @@ def cache_entries(ctx: Context, args: list[str]) -> None:
     if opts.purge:
         dry_run = not opts.yes
         with ctx.writing(), inspector.engine.begin() as conn:
-            count, size = cache_table.purge(conn, selection)
+            count, stored = cache_table.purge(conn, selection)
             if dry_run:
                 conn.rollback()
         if opts.json:
-            ctx.print_json({"purged": count, "stored_bytes": size, "dry_run": dry_run})
+            ctx.print_json({"purged": count, "stored_bytes": stored, "dry_run": dry_run})
             return
         verb = "Would purge" if dry_run else "Purged"
         ctx.out(
-            f"{verb} {count} HTTP cache entries ({_size(size)} stored)"
+            f"{verb} {count} HTTP cache entries ({size(stored)} stored)"
             + (". Add --yes to delete them." if dry_run else ".")
         )
         return
@@ -45,15 +46,15 @@ def cache_entries(ctx: Context, args: list[str]) -> None:
     ctx.out(
         f"HTTP cache in {ctx.shown_url}"
         + (f", spider {spider}" if spider else "")
-        + f": {stats.entries} entries, {_size(stats.body_bytes)} of bodies stored in "
-        f"{_size(stats.stored_bytes)} (gzip)"
+        + f": {stats.entries} entries, {size(stats.body_bytes)} of bodies stored in "
+        f"{size(stats.stored_bytes)} (gzip)"
     )
     if stats.entries:
         ctx.out(f"  stored from {_when(stats.oldest)} to {_when(stats.newest)}")
         for title, groups in (("namespace", stats.by_namespace), ("domain", stats.by_domain)):
             ctx.out(f"  by {title}:")
-            for key, n, size in groups:
-                ctx.out(f"    {key:30s} {n:8d} entries {_size(size):>10s}")
+            for key, n, stored in groups:
+                ctx.out(f"    {key:30s} {n:8d} entries {size(stored):>10s}")
         ctx.out("  by status: " + ", ".join(f"{s}: {n}" for s, n in stats.by_status))
 
 
@@ -72,15 +73,6 @@ def _json(stats: cache_table.Stats) -> dict[str, Any]:
         "by_domain": groups(stats.by_domain, "domain"),
         "by_status": [{"status": s, "entries": n} for s, n in stats.by_status],
     }
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KB", "MB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GB"
 
 
 def _when(t: float | None) -> str:

@@ -3,8 +3,8 @@
 Subcommands (``SPIDER`` selects the frontier and job as ``scrapy crawl SPIDER``
 with the same settings would; ``--database-url`` and ``--job`` override):
 
-* ``status SPIDER``: requests by state, per domain, dead letters by class, the
-  oldest pending request, live workers and their leases.
+* ``status SPIDER``: requests by state, the frontier's size on disk, per domain, dead
+  letters by class, the oldest pending request, live workers and their leases.
 * ``domains SPIDER``: per-domain counts, pauses, adaptive rate (what it learned, from
   how many throttles, when), Crawl-delay; ``--forget`` forgets what was learned.
 * ``explain [SPIDER] URL...``: why a URL is where it is (done; leased by which
@@ -122,7 +122,7 @@ class FrontierCommand(ScrapyCommand):
 
     def long_desc(self) -> str:
         return (
-            "Subcommands: status SPIDER (counts, domains, dead letters, oldest pending, "
+            "Subcommands: status SPIDER (counts, disk, domains, dead letters, oldest pending, "
             "workers); domains SPIDER (--forget: what their rates learned); explain "
             "[SPIDER] URL... (why a URL is where it is); "
             "dead SPIDER (list, --output FILE to export); report SPIDER -o FILE (an HTML "

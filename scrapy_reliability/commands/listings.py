@@ -14,11 +14,12 @@ from typing import Any
 from sqlalchemy import Engine
 
 from scrapy_reliability.commands.context import Context, JobGone
-from scrapy_reliability.commands.text import ago, clip, iso, table, when
+from scrapy_reliability.commands.text import ago, clip, iso, size, table, when
 from scrapy_reliability.config import Config
 from scrapy_reliability.frontier import adaptive, audit, item_sink, liveness, steering
 from scrapy_reliability.frontier import feeds as frontier_feeds
 from scrapy_reliability.frontier.connections import reading
+from scrapy_reliability.frontier.disk_use import DiskUse, disk_use
 from scrapy_reliability.frontier.inspect import DomainInfo, WorkerInfo
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness, overridden
 from scrapy_reliability.frontier.reports import learned_text
@@ -48,6 +49,7 @@ def show_status(ctx: Context, args: list[str]) -> None:
     feeds = frontier_feeds.positions(inspector.engine, job.id)
     with reading(inspector.engine) as conn:
         actions = audit.latest(conn, job.id, AUDIT_ROWS)
+        disk = disk_use(conn)
     sink = ctx.config(spider).output.items_table
     in_sink = None if sink is None else item_sink.stored(inspector.engine, sink, job.id)
     if ctx.opts.json:
@@ -58,6 +60,7 @@ def show_status(ctx: Context, args: list[str]) -> None:
                 "moved": _moved_json(ctx.moved),
                 "limits": _limits_json(limits, limits_from),
                 "counts": status.counts,
+                "disk": None if disk is None else asdict(disk),
                 "oldest_pending": status.oldest_pending,
                 "next_due": status.next_due,
                 "dead_letters": status.dead_by_class,
@@ -85,6 +88,8 @@ def show_status(ctx: Context, args: list[str]) -> None:
     out(_limits_line(limits, limits_from))
     out("")
     out(table(["state", "requests"], [[s, status.counts.get(s, 0)] for s in STATES]))
+    if disk is not None:
+        out(_disk_line(disk))
     out("")
     oldest = status.oldest_pending
     if oldest is None:
@@ -416,6 +421,15 @@ def _export(rows: list[dict[str, Any]], path: Path) -> None:
     with path.open("w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row, default=str) + "\n")
+
+
+def _disk_line(disk: DiskUse) -> str:
+    if disk.requests is None:
+        return f"On disk: {size(disk.total)}, the database file and its log (every job in it)"
+    return (
+        f"On disk: {size(disk.total)} in the frontier's tables (every job in this "
+        f"database), {size(disk.requests)} of it stored requests"
+    )
 
 
 def _keys_line(key_format: str | None) -> str:

@@ -1,4 +1,4 @@
-"""Text for people: times, durations, clipped cells and aligned tables."""
+"""Text for people: times, durations, sizes, clipped cells and aligned tables."""
 
 from __future__ import annotations
 
@@ -25,6 +25,16 @@ def ago(seconds: float) -> str:
 def when(ts: float, now: float) -> str:
     relative = f"in {ago(ts - now)}" if ts > now else f"{ago(now - ts)} ago"
     return f"{iso(ts)} ({relative})"
+
+
+def size(n: int) -> str:
+    """Bytes as people read them: ``512 B``, ``1.5 KB``, ``11.4 GB``."""
+    value = float(n)
+    for unit in ("B", "KB", "MB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
 
 
 def clip(value: Any, width: int) -> str:

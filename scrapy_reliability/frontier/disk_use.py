@@ -29,10 +29,12 @@ class DiskUse:
     requests: int | None
 
 
-#: The size of the tables named (those that exist), each with its indexes and TOAST.
-_PG_SIZE = text(
-    "SELECT coalesce(sum(pg_total_relation_size(to_regclass(t))), 0) "
-    "FROM unnest(CAST(:tables AS text[])) AS t"
+#: The frontier's tables (those that exist) and the requests table, each with its
+#: indexes and TOAST.
+_PG_SIZES = text(
+    "SELECT coalesce(sum(size), 0), coalesce(sum(size) FILTER (WHERE name = :requests), 0) "
+    "FROM (SELECT name, pg_total_relation_size(to_regclass(name)) AS size "
+    "FROM unnest(CAST(:tables AS text[])) AS name) AS sizes"
 )
 
 
@@ -52,6 +54,5 @@ def disk_use(conn: Connection) -> DiskUse | None:
             total += os.stat(path + "-wal").st_size
         return DiskUse(total, None)
     names = [*metadata.tables, VERSION_TABLE]
-    total = int(conn.execute(_PG_SIZE, {"tables": names}).scalar_one())
-    of_requests = int(conn.execute(_PG_SIZE, {"tables": [requests.name]}).scalar_one())
-    return DiskUse(total, of_requests)
+    total, of_requests = conn.execute(_PG_SIZES, {"tables": names, "requests": requests.name}).one()
+    return DiskUse(int(total), int(of_requests))

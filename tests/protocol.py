@@ -2,7 +2,8 @@
 
 A real :class:`~scrapy_reliability.Scheduler` over a real SQLite frontier, with:
 
-* a deterministic clock (``twisted.internet.task.Clock``) for every timer of the core;
+* a deterministic clock (``twisted.internet.task.Clock``) for every timer of the core,
+  and rates without jitter (``RELIABILITY_DOMAIN_JITTER = 0``);
 * a synchronous database: a call runs at once on the calling thread, its completion
   runs at the clock's next turn (as the database thread's does on the reactor);
 * stand-ins for the two parts of Scrapy's engine the core talks to: the scraper's
@@ -238,6 +239,9 @@ class Core:
                 "RELIABILITY_DATABASE_URL": self.url,
                 "RELIABILITY_DOMAIN_RATE": 0,
                 "RELIABILITY_DOMAIN_CONCURRENCY": 0,
+                # No random lengthening of a rate's gaps: a token's time is the
+                # clock's and the rate's alone, so each test has one outcome.
+                "RELIABILITY_DOMAIN_JITTER": 0,
                 "LOG_LEVEL": "WARNING",
                 **settings,
             },

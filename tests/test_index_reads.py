@@ -22,15 +22,20 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, select
 
 from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
+from scrapy_reliability.frontier.additions import known_rows
+from scrapy_reliability.frontier.inspect import Inspector
+from scrapy_reliability.frontier.schema import KEY_CONSTRAINT, match_keys, requests
 from scrapy_reliability.frontier.wakeups import waiting_beat
 
 NOW = 1_000_000.0
 SCHEME = "scrapy.utils.request.RequestFingerprinter/2.7"
 # The one index of leased rows: reading all of it reads few rows.
 LEASED_INDEX = "ix_reliability_requests_domain_leased"
+# PostgreSQL's index of a job's rows (revision 0019).
+JOB_INDEX = "ix_reliability_requests_job"
 
 
 def _req(i: int) -> NewRequest:
@@ -103,17 +108,14 @@ def _table_reads(frontier: Frontier, sql: str, params: Any, *, covering: bool) -
     """The plan lines of ``sql`` that read the requests table beyond an index."""
     lines = _plan(frontier, sql, params)
     if frontier.engine.dialect.name == "postgresql":
-        # The unique key finds every row of the job: a read by state must not use
-        # it, and a count of all the job's rows must read nothing else.
+        # The index of the job's rows finds every one of them: a read by state must
+        # not use it, and a count of all the job's rows must read nothing else.
         by_state = "reliability_requests.state" in sql.split("WHERE", 1)[-1]
         return [
             line
             for line in lines
             if "Seq Scan on reliability_requests" in line
-            or (
-                "uq_reliability_requests_job_id" in line
-                and (by_state or "Index Only Scan" not in line)
-            )
+            or (f"{JOB_INDEX} " in line and (by_state or "Index Only Scan" not in line))
         ]
     bad = []
     for line in lines:
@@ -166,3 +168,40 @@ def test_leases_are_renewed_released_and_expired_through_an_index(
             assert _table_reads(frontier, sql, params, covering=False) == [], sql
     assert done == [10, 0, 10]
     assert frontier.counts(job_id)["pending"] == 60
+
+
+def test_rows_are_found_by_key_through_the_dedup_index(job: tuple[Frontier, int]) -> None:
+    """``scrapy frontier add`` and ``explain`` find rows by key, and a move maps a dead
+    letter to its request by job and key: through the unique index on SQLite, and on
+    PostgreSQL through the hash index of the key constraint, which only a query naming
+    its expression can use (revision 0019); the job's index alone would read every
+    row of the job."""
+    frontier, job_id = job
+    dialect = frontier.engine.dialect.name
+    # SQLite names the index of a table's UNIQUE constraint itself.
+    index = KEY_CONSTRAINT if dialect == "postgresql" else "sqlite_autoindex_reliability_requests_1"
+    found: list[Any] = []
+    calls: list[Callable[[], Any]] = [
+        lambda: found.append(known_rows(frontier.engine, job_id, ["k12", "k599", "nope"])),
+        lambda: found.append(
+            [
+                r.state
+                for r in Inspector(frontier.engine).find_requests(job_id, keys=["k3"], urls=[])
+            ]
+        ),
+    ]
+    # The mapping of a move (job_copy): (job, key) pairs, of several jobs.
+    pairs = [(job_id, "k12"), (job_id + 1, "k13")]
+
+    def mapping() -> None:
+        with frontier.engine.connect() as conn:
+            query = select(requests.c.fingerprint).where(match_keys(dialect, pairs))
+            found.append(list(conn.execute(query).scalars()))
+
+    calls.append(mapping)
+    sent = [statement for call in calls for statement in _captured(frontier, call)]
+    for sql, params in sent:
+        lines = _plan(frontier, sql, params)
+        assert any(index in line for line in lines), (sql, lines)
+        assert _table_reads(frontier, sql, params, covering=False) == [], sql
+    assert found == [{"k12": "done", "k599": "pending"}, ["dead"], ["k12"]]

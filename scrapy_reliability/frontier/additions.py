@@ -18,7 +18,7 @@ from sqlalchemy import Engine, select, update
 from scrapy_reliability.frontier import audit, wakeups
 from scrapy_reliability.frontier.operator_writes import chunks
 from scrapy_reliability.frontier.records import NewRequest, WriteBatch
-from scrapy_reliability.frontier.schema import JOB_RUNNING, jobs, requests
+from scrapy_reliability.frontier.schema import JOB_RUNNING, jobs, match_keys, requests
 from scrapy_reliability.frontier.store import Frontier
 
 
@@ -41,7 +41,7 @@ def known_rows(engine: Engine, job_id: int, keys: Sequence[str]) -> dict[str, st
         for chunk in chunks(wanted):
             rows = conn.execute(
                 select(requests.c.fingerprint, requests.c.state).where(
-                    requests.c.job_id == job_id, requests.c.fingerprint.in_(chunk)
+                    match_keys(conn.dialect.name, [(job_id, key) for key in chunk])
                 )
             )
             for key, state in rows:

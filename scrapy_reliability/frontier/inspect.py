@@ -41,6 +41,7 @@ from scrapy_reliability.frontier.schema import (
     dead_letters,
     domains,
     jobs,
+    match_keys,
     requests,
     workers,
 )
@@ -214,7 +215,7 @@ class Inspector:
         with reading(self.engine) as conn:
             rows = conn.execute(
                 select(requests)
-                .where(requests.c.job_id == job_id, requests.c.fingerprint.in_(list(keys)))
+                .where(match_keys(conn.dialect.name, [(job_id, key) for key in keys]))
                 .order_by(requests.c.id)
             ).all()
             if not rows and urls:

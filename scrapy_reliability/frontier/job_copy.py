@@ -46,7 +46,15 @@ from scrapy_reliability.frontier import migrate, tombstone
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.dialect import redact
 from scrapy_reliability.frontier.errors import FrontierError, SchemaTooNew
-from scrapy_reliability.frontier.schema import LEASED, PENDING, jobs, metadata, requests, workers
+from scrapy_reliability.frontier.schema import (
+    LEASED,
+    PENDING,
+    jobs,
+    match_keys,
+    metadata,
+    requests,
+    workers,
+)
 
 #: Rows per read and per insert (bound parameters per statement stay far below
 #: SQLite's limit: at most a few dozen columns a row).
@@ -330,7 +338,10 @@ class _Copy:
                 by_key[tuple(values)] = getattr(row, own.name)
             if not by_key:
                 continue
-            for row in self.target.execute(select(own, *key).where(tuple_(*key).in_(list(by_key)))):
+            where: ColumnElement[bool] = tuple_(*key).in_(list(by_key))
+            if referred is requests:  # through the dedup key's index
+                where = match_keys(self.target.dialect.name, list(by_key))
+            for row in self.target.execute(select(own, *key).where(where)):
                 old = by_key.get(tuple(getattr(row, c.name) for c in key))
                 if old is not None:
                     found[old] = getattr(row, own.name)

@@ -335,8 +335,9 @@ def counts(conn: Connection, job_id: int) -> dict[str, int]:
     """Rows of the job by state (states without rows left out).
 
     Done rows have no index of their own (every ack would write one entry more):
-    they are the job's rows (counted on its unique key, which holds nothing but
-    the key) less the rows of the other states, each read from its partial index.
+    they are the job's rows (counted on the dedup key's unique index on SQLite, on
+    the index of ``job_id`` on PostgreSQL) less the rows of the other states, each
+    read from its partial index.
     """
     found = _open_counts(conn, job_id)
     ended = conn.execute(

@@ -7,6 +7,8 @@ This module is the schema as the code expects it; the Alembic chain in
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterable
+from typing import TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -22,8 +24,12 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    literal_column,
     text,
+    tuple_,
 )
+from sqlalchemy.dialects.postgresql import ExcludeConstraint
+from sqlalchemy.sql.elements import ColumnElement
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -104,6 +110,22 @@ def convert_key(key: str, old_format: str | None, new_format: str | None) -> str
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
+_Dialectal = TypeVar("_Dialectal", Index, UniqueConstraint, ExcludeConstraint)
+
+
+def _on(dialect: str, item: _Dialectal) -> _Dialectal:
+    """``item`` (an index or a constraint) on one backend only; ``info["dialect"]``
+    says which (Alembic's comparison does not see ``ddl_if``)."""
+    item.info["dialect"] = dialect
+    return item.ddl_if(dialect=dialect)
+
+
+#: A request's job and key as one text: on PostgreSQL the dedup key's hash index is
+#: of this expression, and a query finds rows by key through it (:func:`match_keys`).
+JOB_KEY_SQL = "(CAST(job_id AS TEXT) || ':' || fingerprint)"
+#: The exclusion constraint that makes that expression unique on PostgreSQL.
+KEY_CONSTRAINT = "ex_reliability_requests_key"
+
 # SQLite only autoincrements an INTEGER PRIMARY KEY (the rowid).
 _BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -182,7 +204,17 @@ requests = Table(
     # the writer (scheduling/order.py: Scrapy's LIFO or FIFO queues, start requests
     # after the others); 0 for rows written before revision 0011 (id order).
     Column("claim_order", BigInteger, nullable=False, server_default=text("0")),
-    UniqueConstraint("job_id", "fingerprint"),
+    # The dedup key: on SQLite a unique index of (job, key); on PostgreSQL a hash
+    # index of the two as one text, unique by an exclusion constraint (4-byte hash
+    # codes: 42 bytes a row against the B-tree's 65), with an index of the job's rows
+    # beside it, which counts them and finds them (0019). :func:`match_keys` is how
+    # a query finds rows by key through it.
+    _on("sqlite", UniqueConstraint("job_id", "fingerprint")),
+    _on(
+        "postgresql",
+        ExcludeConstraint((literal_column(JOB_KEY_SQL), "="), using="hash", name=KEY_CONSTRAINT),
+    ),
+    _on("postgresql", Index("ix_reliability_requests_job", "job_id")),
     CheckConstraint("state IN ('pending', 'leased', 'done', 'ignored', 'dead')", name="state"),
     CheckConstraint(
         "state <> 'leased' OR (lease_token IS NOT NULL AND worker_id IS NOT NULL"
@@ -204,14 +236,28 @@ requests = Table(
     # lookup per domain (see frontier/claim.py). ``state`` lets SQLite count a job's
     # pending rows without reading the table (0015): it reads a table row for any column
     # a query names that the index lacks, even the partial index's own condition.
-    Index(
-        "ix_reliability_requests_pending_due",
-        "job_id",
-        "domain",
-        "not_before",
-        "state",
-        postgresql_where=text("state = 'pending'"),
-        sqlite_where=text("state = 'pending'"),
+    # PostgreSQL needs no such column (an index-only scan may use a partial index's
+    # condition), and goes without it (0019).
+    _on(
+        "sqlite",
+        Index(
+            "ix_reliability_requests_pending_due",
+            "job_id",
+            "domain",
+            "not_before",
+            "state",
+            sqlite_where=text("state = 'pending'"),
+        ),
+    ),
+    _on(
+        "postgresql",
+        Index(
+            "ix_reliability_requests_pending_due",
+            "job_id",
+            "domain",
+            "not_before",
+            postgresql_where=text("state = 'pending'"),
+        ),
     ),
     # Leased rows: concurrency caps count them per domain; the expiry of a job's
     # leases, and a worker's renewal and release, read them all (there are few).
@@ -390,3 +436,21 @@ http_cache = Table(
     Index("ix_reliability_http_cache_used_at", "used_at"),
     Index("ix_reliability_http_cache_domain", "scope", "domain"),
 )
+
+
+def match_keys(dialect: str, pairs: Iterable[tuple[int, str]]) -> ColumnElement[bool]:
+    """The requests rows of these (job id, key) pairs, written so that the backend's
+    dedup index finds them: the unique index's columns on SQLite, and on PostgreSQL
+    also the hash index's expression (:data:`JOB_KEY_SQL`), without which it would read
+    every row of the job."""
+    wanted = list(pairs)
+    jobs_of = {job for job, _ in wanted}
+    if len(jobs_of) == 1:
+        (job,) = jobs_of
+        where: ColumnElement[bool] = requests.c.job_id == job
+        where = where & requests.c.fingerprint.in_([key for _, key in wanted])
+    else:
+        where = tuple_(requests.c.job_id, requests.c.fingerprint).in_(wanted)
+    if dialect == "postgresql":
+        where = where & literal_column(JOB_KEY_SQL).in_([f"{job}:{key}" for job, key in wanted])
+    return where

@@ -1,0 +1,71 @@
+"""PostgreSQL: the dedup key in a hash index; the earliest-pending index without ``state``.
+
+The unique B-tree of ``(job_id, fingerprint)`` took 65 bytes a request at 30M
+queued requests (its keys are random, so its pages stay about 70% full), a sixth of
+the frontier's size. On PostgreSQL it gives way to an exclusion constraint over a
+hash index of the two as one text, ``job_id || ':' || fingerprint``: an entry holds
+a 4-byte hash code, 42 bytes a request. The insert's ``ON CONFLICT DO NOTHING``
+needs no change (it names no constraint). A query that finds rows by key names that
+expression (``schema.match_keys``). A plain index of ``job_id`` (deduplicated by
+PostgreSQL, a few bytes a row) takes over what the unique key's first column did:
+counting a job's rows, finding them to delete or move.
+
+The index of each domain's earliest pending row drops ``state`` on PostgreSQL,
+which reads it from the index's condition (10 bytes a request); SQLite keeps it.
+
+SQLite changes nothing: its unique index stays.
+
+On a large table the upgrade builds two indexes while it holds its lock, reading
+every row once each.
+
+Revision ID: 0019
+Revises: 0018
+Create Date: 2026-12-07
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0019"
+down_revision = "0018"
+branch_labels = None
+depends_on = None
+
+_TABLE = "reliability_requests"
+_UNIQUE = "uq_reliability_requests_job_id"
+_KEY = "ex_reliability_requests_key"
+_JOB = "ix_reliability_requests_job"
+_DUE = "ix_reliability_requests_pending_due"
+_PENDING = sa.text("state = 'pending'")
+
+
+def _postgresql() -> bool:
+    return bool(op.get_bind().dialect.name == "postgresql")
+
+
+def _due(columns: list[str]) -> None:
+    op.drop_index(_DUE, table_name=_TABLE)
+    op.create_index(_DUE, _TABLE, columns, postgresql_where=_PENDING)
+
+
+def upgrade() -> None:
+    if not _postgresql():
+        return
+    op.create_index(_JOB, _TABLE, ["job_id"])
+    op.execute(
+        f"ALTER TABLE {_TABLE} ADD CONSTRAINT {_KEY} "
+        "EXCLUDE USING hash ((CAST(job_id AS TEXT) || ':' || fingerprint) WITH =)"
+    )
+    op.drop_constraint(_UNIQUE, _TABLE, type_="unique")
+    _due(["job_id", "domain", "not_before"])
+
+
+def downgrade() -> None:
+    if not _postgresql():
+        return
+    op.create_unique_constraint(_UNIQUE, _TABLE, ["job_id", "fingerprint"])
+    op.execute(f"ALTER TABLE {_TABLE} DROP CONSTRAINT {_KEY}")
+    op.drop_index(_JOB, table_name=_TABLE)
+    _due(["job_id", "domain", "not_before", "state"])

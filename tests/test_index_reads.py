@@ -26,6 +26,7 @@ from sqlalchemy import event, select
 
 from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
 from scrapy_reliability.frontier.additions import known_rows
+from scrapy_reliability.frontier.claim import DUE_AND_LEASED
 from scrapy_reliability.frontier.inspect import Inspector
 from scrapy_reliability.frontier.schema import KEY_CONSTRAINT, match_keys, requests
 from scrapy_reliability.frontier.wakeups import waiting_beat
@@ -205,3 +206,40 @@ def test_rows_are_found_by_key_through_the_dedup_index(job: tuple[Frontier, int]
         assert any(index in line for line in lines), (sql, lines)
         assert _table_reads(frontier, sql, params, covering=False) == [], sql
     assert found == [{"k12": "done", "k599": "pending"}, ["dead"], ["k12"]]
+
+
+def test_a_short_claim_finds_each_domains_earliest_row_through_indexes(
+    job: tuple[Frontier, int],
+) -> None:
+    """When nothing is due, a claim walks the job's domains and reads each one's
+    earliest pending row from indexes. On PostgreSQL (revision 0019) a domain with a
+    row that waits for nothing is due from 0 (the deduplicated ``pending_due``), and
+    the earliest of the rows that wait comes from ``pending_delayed``."""
+    frontier, job_id = job
+    dialect = frontier.engine.dialect.name
+    waiting = [
+        NewRequest(f"w{i}", 0, "waits.example", f"https://waits.example/{i}", "{}", NOW + 50 + i)
+        for i in range(3)
+    ]
+    frontier.write(job_id, WriteBatch(inserts=waiting), now=NOW)
+    if dialect == "postgresql":
+        with frontier.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM ANALYZE reliability_requests")
+    found: list[Any] = []
+
+    def walk() -> None:
+        with frontier.engine.connect() as conn:
+            params = {"job_id": job_id, "worker_id": "w1"}
+            found.extend(tuple(r) for r in conn.execute(DUE_AND_LEASED[dialect], params))
+
+    (statement,) = _captured(frontier, walk)
+    assert sorted(found) == [
+        ("leased", "example.com", 1, 0.0, 10),
+        ("pending", "example.com", 0, 0.0, 1),
+        ("pending", "waits.example", 0, NOW + 50, 1),
+    ]
+    assert _table_reads(frontier, *statement, covering=False) == []
+    if dialect == "postgresql":
+        plan = "\n".join(_plan(frontier, *statement))
+        assert "ix_reliability_requests_pending_due" in plan
+        assert "ix_reliability_requests_pending_delayed" in plan

@@ -5,7 +5,9 @@ says when the next row may start: per domain, the earliest ``not_before`` of its
 rows, and the rows other workers hold leased. It was one ``GROUP BY state,
 domain`` over every pending and leased row of the job: O(rows), 27 s at 10M pending on
 SQLite (bench/README.md, "Scale"). It is now a walk of the partial index
-``ix_reliability_requests_pending_due`` (job, domain, not_before), one domain at a time.
+``ix_reliability_requests_pending_due`` (job, domain, not_before; on PostgreSQL job,
+domain, ``not_before <= 0``, with ``pending_delayed`` for the rows that wait), one
+domain at a time.
 
     python bench/tools/nothing_due.py [--rows 100000,1000000] [--domains 100] [--repeat 5]
         [--backends sqlite,postgres] [--pg-admin-url URL]
@@ -75,7 +77,9 @@ def measure(url: str, rows: int, domains: int, repeat: int) -> dict[str, float]:
         job_id = fill_job(frontier, rows, domains, worker=WORKER)
         fill_s = time.perf_counter() - started
         statements = {
-            "index walk": DUE_AND_LEASED.params(job_id=job_id, worker_id=WORKER),
+            "index walk": DUE_AND_LEASED[frontier.engine.dialect.name].params(
+                job_id=job_id, worker_id=WORKER
+            ),
             "GROUP BY": old_statement(job_id, WORKER),
         }
         times: dict[str, list[float]] = {name: [] for name in statements}

@@ -206,7 +206,7 @@ requests = Table(
     Column("claim_order", BigInteger, nullable=False, server_default=text("0")),
     # The dedup key: on SQLite a unique index of (job, key); on PostgreSQL a hash
     # index of the two as one text, unique by an exclusion constraint (4-byte hash
-    # codes: 42 bytes a row against the B-tree's 65), with an index of the job's rows
+    # codes: 36 bytes a row at 30M against the B-tree's 65), with an index of the job's rows
     # beside it, which counts them and finds them (0019). :func:`match_keys` is how
     # a query finds rows by key through it.
     _on("sqlite", UniqueConstraint("job_id", "fingerprint")),

@@ -4,7 +4,7 @@ The unique B-tree of ``(job_id, fingerprint)`` took 65 bytes a request at 30M
 queued requests (its keys are random, so its pages stay about 70% full), a sixth of
 the frontier's size. On PostgreSQL it gives way to an exclusion constraint over a
 hash index of the two as one text, ``job_id || ':' || fingerprint``: an entry holds
-a 4-byte hash code, 42 bytes a request. The insert's ``ON CONFLICT DO NOTHING``
+a 4-byte hash code, 36 bytes a request at 30M. The insert's ``ON CONFLICT DO NOTHING``
 needs no change (it names no constraint). A query that finds rows by key names that
 expression (``schema.match_keys``). A plain index of ``job_id`` (deduplicated by
 PostgreSQL, a few bytes a row) takes over what the unique key's first column did:
@@ -16,12 +16,12 @@ B-tree's equal keys once with the list of their rows, but not for a ``float8``
 column, so the index took 40 bytes a pending request, and takes 7. A domain with such
 a row is due now (a new link's ``not_before`` is 0); the earliest ``not_before`` of
 the rows that wait (retries, rows handed back: few) is in a new partial index of
-them only, ``ix_reliability_requests_pending_delayed``. SQLite keeps its index.
+them only, ``ix_reliability_requests_pending_delayed``.
 
-SQLite changes nothing: its unique index stays.
+SQLite changes nothing: its unique index and its index of pending rows stay.
 
 On a large table the upgrade builds four indexes while it holds its lock, reading
-every row once each.
+every row once each (2.7 s for 1M rows, 10% of them pending).
 
 Revision ID: 0019
 Revises: 0018

@@ -148,10 +148,10 @@ def row_values(i: int, port: int) -> tuple[str, str, str, str]:
     ).digest()
     # A new job's key format (schema.KEY_COMPACT): base64url, no padding.
     key = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-    # Version 3: the URL is the row's; the Referer, on the request's own origin, its
-    # path; that path, the callback and the depth by position.
+    # Version 4: the URL is the row's; the Referer, on the request's own origin, its
+    # path; that path, the callback (parse: 0) and the depth by position.
     ref = referer[len(f"http://{host}:{port}") :]
-    payload = '[3,"' + ref + '","parse",' + str(depth) + "]"
+    payload = '[4,"' + ref + '",0,' + str(depth) + "]"
     return key, host, url, payload
 
 
@@ -300,10 +300,14 @@ def fill_frontier(
 
 
 def _bulk_rows(job_id: int, state: str, port: int, start: int, n: int) -> Iterator[tuple[Any, ...]]:
-    """The rows of COPY (PostgreSQL), in the order of ``INSERT_COLUMNS``."""
+    """The rows of COPY (PostgreSQL), in the order of ``INSERT_COLUMNS``; the URL as
+    the frontier's INSERT stores it (``row_urls.stored_url``)."""
+    from scrapy_reliability.frontier.row_urls import stored_url
+
     now = time.time()
     for i in range(start, start + n):
-        key, domain, u, payload = row_values(i, port)
+        key, domain, url, payload = row_values(i, port)
+        u = stored_url(url, domain)
         if state == "pending":
             yield (job_id, key, state, 0, domain, u, payload, 0.0, 0, now, now)
         else:  # as an ack leaves it: lease columns NULL, updated later

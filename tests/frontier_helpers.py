@@ -16,7 +16,19 @@ from scrapy_reliability.frontier import (
     migrate,
 )
 from scrapy_reliability.frontier.connections import reading
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from scrapy_reliability.frontier.schema import LEASED, PENDING, dead_letters, jobs, requests
+
+#: A request row's whole URL in SQL written by hand (the table stores a URL on its
+#: domain without its scheme and host: frontier/row_urls.py).
+URL_SQL = (
+    "CASE substr(url, 1, 1) WHEN '!' THEN 'http://' || domain || substr(url, 2) "
+    "WHEN '~' THEN 'https://' || domain || substr(url, 2) "
+    "WHEN '\\' THEN substr(url, 2) ELSE url END"
+)
+
+#: Every column of a request row, its URL whole: ``select(*WHOLE_ROW)``.
+WHOLE_ROW = [full_url_sql(requests).label("url") if c.name == "url" else c for c in requests.c]
 
 
 def add(frontier: Frontier, job_id: int, rows: Sequence[NewRequest]) -> frozenset[str]:

@@ -39,7 +39,11 @@ from scrapy_reliability import DupeFilter, Scheduler
 from scrapy_reliability._executor import DatabaseThread
 from scrapy_reliability.config import Config
 from scrapy_reliability.frontier import Frontier, Outcome, WriteBatch, WriteResult, schema
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from scrapy_reliability.scheduling.meta import FAILURE_META, REQUEST_ID_META, RETRY_META
+
+#: A request row's URL, whole (the table stores it without its scheme and host).
+URL = full_url_sql(schema.requests).label("url")
 
 
 class SyncDatabase(DatabaseThread):
@@ -341,7 +345,7 @@ class Core:
         """Every request row by URL."""
         r = schema.requests.c
         with self.database() as conn:
-            found = conn.execute(select(r.url, r.state, r.attempts, r.error_class, r.id)).all()
+            found = conn.execute(select(URL, r.state, r.attempts, r.error_class, r.id)).all()
         return {
             row.url: {
                 "state": row.state,

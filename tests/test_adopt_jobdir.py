@@ -31,6 +31,7 @@ from tests.crawling import (
     read_jsonl,
     signal_when,
 )
+from tests.frontier_helpers import URL_SQL
 
 pytestmark = pytest.mark.slow
 
@@ -293,7 +294,7 @@ def test_the_sqlite_frontier_of_an_adopted_job_marks_its_fingerprints(tmp_path, 
             "FROM reliability_requests WHERE url = ''"
         ).fetchone()
         fetched = conn.execute(
-            "SELECT url FROM reliability_requests WHERE url <> '' AND url LIKE '%/p/0'"
+            f"SELECT {URL_SQL} FROM reliability_requests WHERE url <> '' AND url LIKE '%/p/0'"
         ).fetchall()
     assert bare == (done, "done", "done", "(adopted)", "")
     # A page the stock run fetched is one of those rows, not a row with its URL.

@@ -28,6 +28,7 @@ from scrapy_reliability.frontier.adoption import (
 )
 from scrapy_reliability.frontier.key_rewrite import rekey_job
 from scrapy_reliability.frontier.recrawl import RecrawlRules
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from scrapy_reliability.frontier.schema import (
     KEY_COMPACT,
     convert_key,
@@ -39,6 +40,9 @@ from scrapy_reliability.frontier.schema import (
 from scrapy_reliability.scheduling.stock_jobdir import SeenFingerprints, find
 
 SCHEME = "scrapy.utils.request.RequestFingerprinter"
+
+#: A request row's URL, whole (the table stores it without its scheme and host).
+URL = full_url_sql(requests).label("url")
 
 
 def key(n: int) -> str:
@@ -62,7 +66,7 @@ def rows(frontier: Any) -> dict[str, tuple[str, str, str]]:
     """key -> (state, url, domain) of every request row."""
     with frontier.engine.connect() as conn:
         found = conn.execute(
-            select(requests.c.fingerprint, requests.c.state, requests.c.url, requests.c.domain)
+            select(requests.c.fingerprint, requests.c.state, URL, requests.c.domain)
         ).all()
     return {r.fingerprint: (r.state, r.url, r.domain) for r in found}
 

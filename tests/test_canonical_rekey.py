@@ -21,6 +21,7 @@ from scrapy_reliability.fingerprint import CANONICAL_FINGERPRINTER, SCRAPY_FINGE
 from scrapy_reliability.frontier import Frontier, NewRequest
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.errors import JobMismatch
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from scrapy_reliability.frontier.schema import (
     DONE,
     KEY_COMPACT,
@@ -36,6 +37,9 @@ from tests.frontier_helpers import add
 SPIDER = Spider(name="pages")
 SCRAPY = RequestFingerprinter()
 POLICY = CanonicalPolicy()
+
+#: A request row's URL, whole (the table stores it without its scheme and host).
+URL = full_url_sql(requests).label("url")
 
 
 def _row(
@@ -79,9 +83,7 @@ def _rekey(url: str, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]
 def _keys(frontier: Frontier, job_id: int) -> dict[str, tuple[str, str]]:
     with reading(frontier.engine) as conn:
         rows = conn.execute(
-            select(requests.c.url, requests.c.fingerprint, requests.c.state).where(
-                requests.c.job_id == job_id
-            )
+            select(URL, requests.c.fingerprint, requests.c.state).where(requests.c.job_id == job_id)
         ).all()
     return {str(r.url): (str(r.fingerprint), str(r.state)) for r in rows}
 
@@ -118,11 +120,13 @@ def _fill(frontier_url: str, key_format: str | None = KEY_COMPACT) -> int:
         with frontier.engine.begin() as conn:
             conn.execute(update(jobs).where(jobs.c.id == job.id).values(key_format=key_format))
             conn.execute(
-                update(requests).where(requests.c.url == "http://e.com/p").values(state=DONE)
+                update(requests)
+                .where(full_url_sql(requests) == "http://e.com/p")
+                .values(state=DONE)
             )
             dead_id = conn.execute(
                 update(requests)
-                .where(requests.c.url == "http://e.com:80/p#f")
+                .where(full_url_sql(requests) == "http://e.com:80/p#f")
                 .values(state="dead", error_class="permanent")
                 .returning(requests.c.id)
             ).scalar_one()

@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, select, text, update
 
 from scrapy_reliability.frontier import Frontier, NewRequest
 from scrapy_reliability.frontier.errors import JobMismatch
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from scrapy_reliability.frontier.schema import (
     DONE,
     KEY_COMPACT,
@@ -35,6 +36,9 @@ from tests.test_cli import frontier_cmd
 
 COMPACT_KEY = re.compile(r"(s:)?[A-Za-z0-9_-]{27}(:\d+)?|u:[A-Za-z0-9_-]{22}")
 HEX_KEY = re.compile(r"(s:)?[0-9a-f]{40}(:\d+)?|u:[0-9a-f]{32}")
+
+#: A request row's URL, whole (the table stores it without its scheme and host).
+URL = full_url_sql(requests).label("url")
 
 
 @given(st.binary(min_size=1, max_size=64), st.binary(min_size=1, max_size=64))
@@ -121,7 +125,7 @@ def test_the_downgrade_writes_compact_keys_back_as_hex(frontier_url: str) -> Non
     downgrade_to(frontier_url, "0016")
     engine = create_engine(frontier_url)
     with engine.connect() as conn:
-        rows = dict(conn.execute(select(requests.c.url, requests.c.fingerprint)).all())
+        rows = dict(conn.execute(select(URL, requests.c.fingerprint)).all())
         seen = set(conn.execute(select(fingerprints.c.fingerprint)).scalars())
         columns = conn.execute(text("SELECT * FROM reliability_jobs")).keys()
     engine.dispose()
@@ -137,7 +141,7 @@ def _job_keys(url: str) -> dict[int, list[tuple[str, str, str]]]:
     engine = create_engine(url)
     with engine.connect() as conn:
         rows = conn.execute(
-            select(requests.c.job_id, requests.c.fingerprint, requests.c.state, requests.c.url)
+            select(requests.c.job_id, requests.c.fingerprint, requests.c.state, URL)
         ).all()
     engine.dispose()
     found: dict[int, list[tuple[str, str, str]]] = {}

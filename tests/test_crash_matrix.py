@@ -31,6 +31,7 @@ from sqlalchemy import create_engine, func, select
 
 from scrapy_reliability._crashpoints import ENV, POINTS
 from scrapy_reliability.frontier import schema
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess, page_fault
 from tests.crawling import (
     Crawl,
@@ -81,6 +82,9 @@ assert set(MATRIX) | ELSEWHERE == set(POINTS), "every crash point is tested"
 
 RESULTS_DIR = "crash-matrix"
 
+#: A request row's URL, whole (the table stores it without its scheme and host).
+URL = full_url_sql(schema.requests).label("url")
+
 
 def _faults(config: SiteConfig) -> dict[tuple[str, int], str]:
     return {
@@ -129,7 +133,7 @@ def _committed_waits(url: str) -> dict[tuple[str, int], float]:
                 ).all()
             )
             r = schema.requests.c
-            rows = conn.execute(select(r.url, r.not_before, r.domain)).all()
+            rows = conn.execute(select(URL, r.not_before, r.domain)).all()
     finally:
         engine.dispose()
     waits = {}

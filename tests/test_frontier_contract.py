@@ -35,7 +35,7 @@ from scrapy_reliability.frontier import (
 from scrapy_reliability.frontier.hotsql import INSERT_CHUNK, PostgresHotSql
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 from scrapy_reliability.frontier.schema import requests, workers
-from tests.frontier_helpers import add, has_unfinished, job_state, lease_of, settle
+from tests.frontier_helpers import WHOLE_ROW, add, has_unfinished, job_state, lease_of, settle
 
 NOW = 1_000_000.0
 LEASE = 60.0
@@ -76,7 +76,7 @@ def fps(result: ClaimResult) -> list[str]:
 
 def row(frontier: Frontier, request_id: int):
     with frontier.engine.connect() as conn:
-        found = conn.execute(select(requests).where(requests.c.id == request_id)).one()
+        found = conn.execute(select(*WHOLE_ROW).where(requests.c.id == request_id)).one()
         conn.rollback()
     return found
 

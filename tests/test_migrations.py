@@ -71,7 +71,7 @@ def _set_version(url: str, sql: str) -> None:
 
 
 def test_fresh_database_is_created_at_head(frontier_url: str) -> None:
-    assert HEAD == "0019"
+    assert HEAD == "0020"
     store = Frontier.connect(frontier_url)
     try:
         assert migrate.current_revision(store.engine) == HEAD

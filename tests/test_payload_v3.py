@@ -1,7 +1,8 @@
-"""Payloads of version 3 (schema revision 0018): a JSON array, ``[3, ref, callback,
-depth, rest]``. A link's payload takes about 20 characters instead of 60 (what
-bench/scale.py measures per request); rows of versions 1 and 2 are still read, and
-the downgrade writes version 3 payloads back as version 2."""
+"""Payloads of versions 3 and 4 (schema revisions 0018, 0020): a JSON array, ``[4,
+ref, callback, depth, rest]``; version 4 writes the callback ``parse`` as ``0``. A
+link's payload takes about 15 characters instead of 60 (what bench/scale.py measures
+per request); rows of versions 1, 2 and 3 are still read, and the downgrades write
+version 4 payloads back as version 3, and those as version 2."""
 
 from __future__ import annotations
 
@@ -35,14 +36,14 @@ def _link(meta: dict[str, Any], **kwargs: Any) -> scrapy.Request:
 
 def test_a_link_stores_its_referer_path_callback_and_depth_by_position() -> None:
     payload = request_to_payload(_link({"depth": 2}), SPIDER)
-    assert payload == '[3,"/p/3","parse",2]'
+    assert payload == '[4,"/p/3",0,2]'
     back = payload_to_request(payload, SPIDER, URL)
     assert (back.url, back.callback, back.meta) == (URL, SPIDER.parse, {"depth": 2})
     assert back.headers.getlist("Referer") == [b"http://127.0.0.2:8080/p/3"]
     # The rest by name, in the last element; what a request lacks is null or left out.
-    assert request_to_payload(scrapy.Request(URL), SPIDER) == "[3]"
+    assert request_to_payload(scrapy.Request(URL), SPIDER) == "[4]"
     post = request_to_payload(scrapy.Request(URL, method="POST", body=b"x"), SPIDER)
-    assert post == '[3,null,null,null,{"method":"POST","body":"x"}]'
+    assert post == '[4,null,null,null,{"method":"POST","body":"x"}]'
 
 
 @pytest.mark.parametrize(
@@ -73,9 +74,10 @@ def test_meta_comes_back_with_its_keys_in_their_order(
 def test_an_added_request_names_its_callback_by_position() -> None:
     """``scrapy frontier add --callback``: no spider instance, the name as given."""
     payload = added_request_payload(scrapy.Request(URL), "parse_item")
-    assert payload == '[3,null,"parse_item"]'
+    assert payload == '[4,null,"parse_item"]'
     assert payload_to_request(payload, SPIDER, URL).callback == SPIDER.parse_item
-    assert added_request_payload(scrapy.Request(URL), None) == "[3]"
+    assert added_request_payload(scrapy.Request(URL), None) == "[4]"
+    assert added_request_payload(scrapy.Request(URL), "parse") == "[4,null,0]"
 
 
 def test_a_version_2_payload_is_read_as_it_was() -> None:
@@ -89,7 +91,7 @@ def test_a_version_2_payload_is_read_as_it_was() -> None:
         new.meta,
         new.headers,
     )
-    assert payload_fields(v2) | {"v": 3} == payload_fields(v3)
+    assert payload_fields(v2) | {"v": 4} == payload_fields(v3)
 
 
 def test_the_downgrade_to_0017_writes_version_2_payloads_back(frontier_url: str) -> None:
@@ -180,7 +182,7 @@ def test_a_job_killed_under_the_older_release_reads_its_version_2_rows(
     """The upgrade night: a crawl killed half-way under the older release (its database
     downgraded to 0017, every payload of version 2) is resumed by this one, which
     upgrades the schema: every page is crawled, none done before the kill again, the
-    old rows' payloads are read as they are and the new ones are of version 3."""
+    old rows' payloads are read as they are and the new ones are of version 4."""
     config = SiteConfig(pages=40)
     pages = {(h, i) for h in config.hosts for i in range(config.pages)}
     log = tmp_path / "site.jsonl"
@@ -189,7 +191,7 @@ def test_a_job_killed_under_the_older_release_reads_its_version_2_rows(
         settings = [f"RELIABILITY_DATABASE_URL={frontier_url}", "CONCURRENT_REQUESTS=4"]
         one = Crawl(project, site.start_urls(), *settings, f"ITEMS_PATH={tmp_path}/1.jl")
         assert signal_when(one.start(), log, len(pages) // 2) == -signal.SIGKILL
-        assert all(p.startswith("[3") for _, p in _payloads(frontier_url))
+        assert all(p.startswith("[4") for _, p in _payloads(frontier_url))
 
         downgrade_to(frontier_url, "0017")
         old = _payloads(frontier_url)
@@ -210,4 +212,4 @@ def test_a_job_killed_under_the_older_release_reads_its_version_2_rows(
         now = _payloads(frontier_url)
         assert {state for state, _ in now} == {"done"}, "no row was buried as corrupt"
         assert sum(p.startswith('{"v":2') for _, p in now) == len(old)
-        assert sum(p.startswith("[3") for _, p in now) == len(now) - len(old) > 0
+        assert sum(p.startswith("[4") for _, p in now) == len(now) - len(old) > 0

@@ -45,6 +45,7 @@ from scrapy_reliability.testing.site import (
     max_per_window,
 )
 from tests.crawling import REPO, Crawl, count_lines, make_project, read_jsonl
+from tests.frontier_helpers import URL_SQL
 
 CHROMIUM = "/usr/bin/chromium"
 # What a machine without Playwright's own browser download needs (docs/playwright.md).
@@ -133,7 +134,9 @@ def frontier_rows(db: Path) -> list[dict[str, Any]]:
         try:
             with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2) as conn:
                 conn.row_factory = sqlite3.Row
-                return [dict(r) for r in conn.execute("SELECT * FROM reliability_requests")]
+                query = f"SELECT *, {URL_SQL} AS whole_url FROM reliability_requests"
+                rows = [dict(r) for r in conn.execute(query)]
+                return [{**r, "url": r.pop("whole_url")} for r in rows]
         except sqlite3.OperationalError:
             time.sleep(0.05)
     raise AssertionError(f"cannot read {db}")

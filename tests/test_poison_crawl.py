@@ -16,6 +16,7 @@ import pytest
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 from tests.crawling import Crawl, count_lines, make_project, pages_in, read_jsonl, signal_when
 from tests.crawlproject.pages.spiders.pages import POISON_PATHS
+from tests.frontier_helpers import URL_SQL
 from tests.test_cli import frontier_cmd
 
 pytestmark = pytest.mark.slow
@@ -138,7 +139,8 @@ def _corrupt_pending_rows(db: Path, how_many: int) -> list[str]:
     conn = sqlite3.connect(db)
     try:
         rows = conn.execute(
-            "SELECT id, url FROM reliability_requests WHERE state = 'pending' ORDER BY id LIMIT ?",
+            f"SELECT id, {URL_SQL} FROM reliability_requests WHERE state = 'pending' "
+            "ORDER BY id LIMIT ?",
             (how_many,),
         ).fetchall()
         for n, (row_id, _url) in enumerate(rows):

@@ -17,6 +17,7 @@ from sqlalchemy import select
 from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.pruning import DoneRow, purge_done
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from scrapy_reliability.frontier.schema import requests
 from tests.frontier_helpers import add
 from tests.test_cli import frontier_cmd
@@ -26,6 +27,9 @@ NOW = 1_800_000_000.0
 OLD = NOW - 40 * DAY
 RECENT = NOW - DAY
 CUTOFF = NOW - 30 * DAY
+
+#: A request row's URL, whole (the table stores it without its scheme and host).
+URL = full_url_sql(requests).label("url")
 
 
 def _requests(prefix: str, n: int, domain: str) -> list[NewRequest]:
@@ -51,7 +55,7 @@ def _urls(frontier: Frontier, job_id: int, state: str) -> set[str]:
     with reading(frontier.engine) as conn:
         return set(
             conn.execute(
-                select(requests.c.url).where(requests.c.job_id == job_id, requests.c.state == state)
+                select(URL).where(requests.c.job_id == job_id, requests.c.state == state)
             ).scalars()
         )
 

@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, text
 from scrapy_reliability.frontier.recrawl import RecrawlRules, next_interval
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 from tests.crawling import Crawl, make_project, read_jsonl
+from tests.frontier_helpers import URL_SQL
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 PAGES = 60
@@ -50,7 +51,10 @@ def _rows(project: Path, where: str) -> list[Any]:
     engine = create_engine(f"sqlite:///{project / '.scrapy/reliability/pages.sqlite'}")
     with engine.connect() as conn:
         rows = conn.execute(
-            text(f"SELECT url, state, recrawl_interval FROM reliability_requests {where}")
+            text(
+                f"SELECT * FROM (SELECT {URL_SQL} AS url, state, recrawl_interval "
+                f"FROM reliability_requests) AS r {where}"
+            )
         ).all()
     engine.dispose()
     return list(rows)

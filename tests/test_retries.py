@@ -24,6 +24,7 @@ from tests.crawling import (
     read_jsonl,
     wait_until_quiet,
 )
+from tests.frontier_helpers import WHOLE_ROW
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,7 @@ def faulty(config: SiteConfig, kind: str) -> set[tuple[str, int]]:
 def rows(db: Path) -> list[dict[str, Any]]:
     engine = create_engine(f"sqlite:///{db}")
     with engine.connect() as conn:
-        found = [dict(r) for r in conn.execute(select(schema.requests)).mappings()]
+        found = [dict(r) for r in conn.execute(select(*WHOLE_ROW)).mappings()]
     engine.dispose()
     return found
 

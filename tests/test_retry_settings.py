@@ -23,6 +23,7 @@ from sqlalchemy import create_engine, select
 from scrapy_reliability.frontier import schema
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess, free_port
 from tests.crawling import Crawl, make_project, read_jsonl
+from tests.frontier_helpers import WHOLE_ROW
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +116,7 @@ def _rows(url: str) -> dict[str, dict[str, Any]]:
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            found = [dict(r) for r in conn.execute(select(schema.requests)).mappings()]
+            found = [dict(r) for r in conn.execute(select(*WHOLE_ROW)).mappings()]
     finally:
         engine.dispose()
     return {"/" + r["url"].split("/", 3)[3]: r for r in found}

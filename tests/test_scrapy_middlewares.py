@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from scrapy_reliability.frontier import schema
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess, page_fault
 from tests.crawling import Crawl, make_project, read_jsonl
 
@@ -47,7 +48,9 @@ def test_retried_requests_are_not_lost(tmp_path: Path, middleware: str):
         # The retry is the same row with its attempts counted, not a new row.
         engine = create_engine(f"sqlite:///{jobdir / 'reliability.sqlite'}")
         with engine.connect() as conn:
-            rows = conn.execute(select(schema.requests.c.url, schema.requests.c.attempts)).all()
+            rows = conn.execute(
+                select(full_url_sql(schema.requests), schema.requests.c.attempts)
+            ).all()
         engine.dispose()
         urls = Counter(url for url, _ in rows)
         assert max(urls.values()) == 1

@@ -16,9 +16,13 @@ from sqlalchemy import select
 
 from scrapy_reliability.dupefilter import StartPages
 from scrapy_reliability.frontier import Frontier, schema
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from tests.protocol import Core
 
 SITE = "http://127.0.0.2:8000"
+
+#: A request row's URL, whole (the table stores it without its scheme and host).
+URL = full_url_sql(schema.requests).label("url")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +54,7 @@ def _keys(core: Core) -> list[tuple[str, str]]:
     """(URL, key) of every row, in insertion order, keys shortened to their kind."""
     r = schema.requests.c
     with core.database() as conn:
-        rows = conn.execute(select(r.url, r.fingerprint).order_by(r.id)).all()
+        rows = conn.execute(select(URL, r.fingerprint).order_by(r.id)).all()
     fingerprint = core.scheduler.dupefilter.key
     found = []
     for url, key in rows:

@@ -38,6 +38,7 @@ from scrapy_reliability._crashpoints import crash_point
 from scrapy_reliability.frontier import dialect
 from scrapy_reliability.frontier.errors import FrontierError
 from scrapy_reliability.frontier.records import NewRequest, Refusal
+from scrapy_reliability.frontier.row_urls import stored_url
 from scrapy_reliability.frontier.schema import (
     ADOPTED_DOMAIN,
     ADOPTED_URL,
@@ -226,7 +227,7 @@ class _Writer:
             "state": state,
             "priority": r.priority,
             "domain": r.domain,
-            "url": r.url,
+            "url": stored_url(r.url, r.domain),
             "payload": r.payload,
             "not_before": 0.0,
             "attempts": 0,

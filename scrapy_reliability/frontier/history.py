@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine, Integer, cast, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from scrapy_reliability.frontier.connections import reading
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from scrapy_reliability.frontier.schema import FINAL_STATES, PENDING, dead_letters, requests
 
 #: At most this many time buckets in a timeline (each chart has this many points).
@@ -146,7 +147,7 @@ class History:
             rows = conn.execute(
                 select(
                     requests.c.id,
-                    requests.c.url,
+                    full_url_sql(requests).label("url"),
                     requests.c.domain,
                     requests.c.created_at,
                     requests.c.not_before,

@@ -34,6 +34,7 @@ from scrapy_reliability.frontier.reports import (
     WorkerInfo,
     pending_blockers,
 )
+from scrapy_reliability.frontier.row_urls import full_url, full_url_sql
 from scrapy_reliability.frontier.schema import (
     LEASED,
     PENDING,
@@ -108,16 +109,15 @@ class Inspector:
         with reading(self.engine) as conn:
             counts = _state_counts(conn, job.id)
             per_domain = _domains(conn, job.id, only=())
+            r = requests.c
             oldest = conn.execute(
-                select(requests.c.id, requests.c.url, requests.c.created_at, requests.c.not_before)
-                .where(requests.c.job_id == job.id, requests.c.state == PENDING)
-                .order_by(requests.c.id)
+                select(r.id, full_url_sql(requests).label("url"), r.created_at, r.not_before)
+                .where(r.job_id == job.id, r.state == PENDING)
+                .order_by(r.id)
                 .limit(1)
             ).first()
             next_due = conn.execute(
-                select(func.min(requests.c.not_before)).where(
-                    requests.c.job_id == job.id, requests.c.state == PENDING
-                )
+                select(func.min(r.not_before)).where(r.job_id == job.id, r.state == PENDING)
             ).scalar()
             dead_by_class = _dead_by_class(conn, job.id)
             last_dead_at = conn.execute(
@@ -221,7 +221,7 @@ class Inspector:
             if not rows and urls:
                 rows = conn.execute(
                     select(requests)
-                    .where(requests.c.job_id == job_id, requests.c.url.in_(list(urls)))
+                    .where(requests.c.job_id == job_id, full_url_sql(requests).in_(list(urls)))
                     .order_by(requests.c.id)
                 ).all()
         return [_request_info(r) for r in rows]
@@ -435,7 +435,7 @@ def _request_info(row: Any) -> RequestInfo:
         state=row.state,
         priority=row.priority,
         domain=row.domain,
-        url=row.url,
+        url=full_url(row.url, row.domain),
         not_before=float(row.not_before),
         attempts=int(row.attempts),
         worker_id=row.worker_id,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Engine, bindparam, delete, select, update
 
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from scrapy_reliability.frontier.schema import (
     ADOPTED_URL,
     DEAD,
@@ -121,7 +122,7 @@ def _read(
                 requests.c.fingerprint,
                 requests.c.state,
                 requests.c.payload,
-                requests.c.url,
+                full_url_sql(requests).label("url"),
             )
             .where(requests.c.job_id == job_id, requests.c.id > last)
             .order_by(requests.c.id)
@@ -193,9 +194,8 @@ def _examples(
     ids = {r.id for pair in pairs for r in pair}
     if not ids:
         return
-    urls = dict(
-        conn.execute(select(requests.c.id, requests.c.url).where(requests.c.id.in_(ids))).all()
-    )
+    query = select(requests.c.id, full_url_sql(requests)).where(requests.c.id.in_(ids))
+    urls: dict[int, str] = dict(conn.execute(query).all())
     result.examples = [
         (str(urls.get(lost.id, "?")), lost.state, str(urls.get(kept.id, "?")), kept.state)
         for lost, kept in pairs

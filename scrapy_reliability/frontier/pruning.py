@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, func, select
 
+from scrapy_reliability.frontier.row_urls import full_url_sql
 from scrapy_reliability.frontier.schema import DONE, requests
 
 #: Ids per transaction: a span of done rows takes tens of ms to delete.
@@ -77,7 +78,7 @@ def purge_done(
                 continue
             query = select(
                 requests.c.id,
-                requests.c.url,
+                full_url_sql(requests).label("url"),
                 requests.c.fingerprint,
                 requests.c.domain,
                 requests.c.updated_at,

@@ -177,6 +177,8 @@ requests = Table(
     Column("state", String(8), nullable=False),
     Column("priority", Integer, nullable=False),
     Column("domain", String(255), nullable=False),
+    # Without the scheme and host that ``domain`` holds (0020): read it through
+    # row_urls.full_url or full_url_sql.
     Column("url", Text, nullable=False),
     Column("payload", Text, nullable=False),
     Column("not_before", Float, nullable=False),

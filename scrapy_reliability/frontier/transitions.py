@@ -25,6 +25,7 @@ from scrapy_reliability.frontier.records import (
     storable_text,
 )
 from scrapy_reliability.frontier.recrawl import Fetched, record_fetches
+from scrapy_reliability.frontier.row_urls import full_url_sql, stored_url, verbatim_url
 from scrapy_reliability.frontier.schema import (
     DEAD,
     DONE,
@@ -216,7 +217,9 @@ class WritePath:
             values["attempts"] = requests.c.attempts + tr.attempts_inc
             if tr.outcome is Outcome.RESCHEDULE:
                 assert tr.payload is not None and tr.url is not None
-                values.update(payload=tr.payload, url=tr.url, not_before=tr.not_before)
+                values.update(
+                    payload=tr.payload, url=verbatim_url(tr.url), not_before=tr.not_before
+                )
                 if tr.priority is not None:
                     values["priority"] = tr.priority
                 if tr.claim_order is not None:
@@ -284,7 +287,7 @@ class WritePath:
             row.job_id,
             row.id,
             literal("request"),
-            row.url,
+            full_url_sql(requests),
             row.domain,
             literal(tr.error_class or "permanent"),
             row.last_status,
@@ -327,7 +330,7 @@ def record_refusals(
                 state=DEAD,
                 priority=ref.priority,
                 domain=ref.domain,
-                url=ref.url,
+                url=stored_url(ref.url, ref.domain),
                 payload=ref.payload,
                 not_before=0.0,
                 attempts=0,

@@ -13,6 +13,7 @@ from scrapy import Request, Spider
 
 from scrapy_reliability.serialization.encode import (
     _VALUE_FIELDS,
+    PARSE_CALLBACK,
     PAYLOAD_VERSION,
     _is_method_name,
     url_origin,
@@ -147,6 +148,10 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
+#: The versions written as JSON arrays (3: revision 0018; 4: 0020, ``parse`` as 0).
+_ARRAY_VERSIONS = (3, PAYLOAD_VERSION)
+
+
 def _json_type(value: Any) -> str:
     names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
     return names.get(type(value), "number")
@@ -167,9 +172,9 @@ def _load(payload: object, url: object = None) -> dict[str, Any]:
         if "ref" in fields:
             raise CorruptPayload("the payload of version 1 has a ref")
         return fields
-    if version not in (2, PAYLOAD_VERSION):
+    if version not in (2, *_ARRAY_VERSIONS):
         raise CorruptPayload(
-            f"the payload is of version {_quote(str(version), 20)}, not 1, 2 or "
+            f"the payload is of version {_quote(str(version), 20)}, not 1 to "
             f"{PAYLOAD_VERSION} (written by another version of scrapy-reliability?)"
         )
     if "url" not in fields:  # a refused request's keeps its own: its row's may be cut
@@ -184,19 +189,17 @@ def _load(payload: object, url: object = None) -> dict[str, Any]:
 
 def payload_fields(payload: object) -> dict[str, Any]:
     """The fields of a stored payload by the names of version 2 (``v`` its version),
-    for a reader of the tables; for a payload of version 3, ``[3, "/a", "parse", 2]``:
-    ``{"v": 3, "ref": "/a", "callback": "parse", "meta": {"depth": 2}}``. Raises
+    for a reader of the tables; for a payload of version 4, ``[4, "/a", 0, 2]``:
+    ``{"v": 4, "ref": "/a", "callback": "parse", "meta": {"depth": 2}}``. Raises
     :class:`CorruptPayload` for a payload that is not JSON, an object of an earlier
-    version or an array of version 3 (their fields are checked when rebuilt)."""
+    version or an array of version 3 or 4 (their fields are checked when rebuilt)."""
     data = _parse(payload)
     if isinstance(data, list):
         return _expanded(data)
     if not isinstance(data, dict):
         raise CorruptPayload(f"the payload is a JSON {_json_type(data)}, not an object")
-    if data.get("v") == PAYLOAD_VERSION:
-        raise CorruptPayload(
-            f"the payload is an object of version {PAYLOAD_VERSION}, which is an array"
-        )
+    if data.get("v") in _ARRAY_VERSIONS:
+        raise CorruptPayload(f"the payload is an object of version {data['v']}, which is an array")
     fields: dict[str, Any] = data
     return fields
 
@@ -224,8 +227,8 @@ def _check_fields(data: dict[str, Any]) -> None:
 
 
 def _expanded(data: list[Any]) -> dict[str, Any]:
-    """The fields of a payload of version 3, ``[3, ref, callback, depth, rest]``, by
-    their names (encode.compact_payload writes it), ``v`` 3."""
+    """The fields of a payload of version 3 or 4, ``[4, ref, callback, depth, rest]``,
+    by their names (encode.compact_payload writes it), ``v`` its version."""
     if not data or len(data) > 5:
         raise CorruptPayload(f"the payload is a JSON array of {len(data)} elements, not 1 to 5")
     version = data[0]
@@ -233,15 +236,15 @@ def _expanded(data: list[Any]) -> dict[str, Any]:
         raise CorruptPayload(
             f"the payload is an array whose version is a JSON {_json_type(version)}"
         )
-    if version != PAYLOAD_VERSION:
+    if version not in _ARRAY_VERSIONS:
         raise CorruptPayload(
-            f"the payload is an array of version {_quote(str(version), 20)}, not "
+            f"the payload is an array of version {_quote(str(version), 20)}, not 3 or "
             f"{PAYLOAD_VERSION} (written by another version of scrapy-reliability?)"
         )
     rest: Any = data[4] if len(data) == 5 else {}
     if not isinstance(rest, dict):
         raise CorruptPayload(f"the payload's last element is a JSON {_json_type(rest)}")
-    out: dict[str, Any] = {"v": PAYLOAD_VERSION}
+    out: dict[str, Any] = {"v": version}
     for key in rest:
         if key in ("v", "ref", "callback"):
             raise CorruptPayload(f"the payload's last element names {_quote(key)}")
@@ -249,6 +252,10 @@ def _expanded(data: list[Any]) -> dict[str, Any]:
     for key, value in zip(("ref", "callback"), data[1:3], strict=False):
         if value is not None:
             out[key] = value
+    if version == PAYLOAD_VERSION and type(out.get("callback")) is int:
+        if out["callback"] != PARSE_CALLBACK:
+            raise CorruptPayload(f"the payload's callback is the number {out['callback']}")
+        out["callback"] = "parse"
     depth = data[3] if len(data) > 3 else None
     if depth is not None:
         if type(depth) is not int:

@@ -28,13 +28,16 @@ from scrapy_reliability.serialization.value_codecs import (
     _not_too_deep,
 )
 
-#: 3 (revision 0018): a JSON array, ``[3, ref, callback, depth, rest]``: the fields
-#: most requests have by position, the others in ``rest`` by name (see
-#: :func:`compact_payload`). 2 (revision 0016): an object; the URL is the row's own
-#: column, not repeated in the payload, and a Referer on the request's own origin is
-#: stored as its path (``ref``). Payloads of versions 1 (with ``url``) and 2 are still
-#: read.
-PAYLOAD_VERSION = 3
+#: 4 (revision 0020): version 3 where the callback ``parse``, a spider's default
+#: and the one most requests name, is written ``0``. 3 (revision 0018): a JSON array,
+#: ``[3, ref, callback, depth, rest]``: the fields most requests have by position,
+#: the others in ``rest`` by name (see :func:`compact_payload`). 2 (revision 0016): an
+#: object; the URL is the row's own column, not repeated in the payload, and a
+#: Referer on the request's own origin is stored as its path (``ref``). Payloads of
+#: versions 1 (with ``url``), 2 and 3 are still read.
+PAYLOAD_VERSION = 4
+#: How version 4 writes the callback ``parse``.
+PARSE_CALLBACK = 0
 
 #: Longest payload stored, in characters: far below the 1 GB either backend holds in
 #: one value, far above any request that does not carry a whole document in meta.
@@ -220,15 +223,16 @@ def request_to_payload(
 
 
 def compact_payload(fields: dict[str, Any]) -> list[Any]:
-    """The version 3 form of a request's ``fields`` (the names of version 2, without
-    ``v``): ``[3, ref, callback, depth, rest]``. By position, what most links have: the
-    Referer path, the callback, and the depth Scrapy's DepthMiddleware set in meta;
+    """The version 4 form of a request's ``fields`` (the names of version 2, without
+    ``v``): ``[4, ref, callback, depth, rest]``. By position, what most links have: the
+    Referer path, the callback (``0`` for ``parse``), and the depth Scrapy's
+    DepthMiddleware set in meta;
     ``null`` for one the request lacks, trailing ones left out. ``rest`` holds the
     other fields by name. ``depth`` is taken only as meta's last key and an int (as
     DepthMiddleware sets it), so that the meta rebuilt has its keys in their order.
 
     A link of a crawl, ``{"v":2,"ref":"/a","callback":"parse","meta":{"depth":2}}`` in
-    version 2 (56 characters), is ``[3,"/a","parse",2]`` (18)."""
+    version 2 (56 characters), is ``[4,"/a",0,2]`` (12)."""
     rest = {k: v for k, v in fields.items() if k not in ("ref", "callback")}
     depth = None
     meta = rest.get("meta")
@@ -242,13 +246,18 @@ def compact_payload(fields: dict[str, Any]) -> list[Any]:
                 rest["meta"] = meta
             else:
                 del rest["meta"]
-    out = [PAYLOAD_VERSION, fields.get("ref"), fields.get("callback"), depth]
+    callback = fields.get("callback")
+    out = [PAYLOAD_VERSION, fields.get("ref"), _callback_code(callback), depth]
     if rest:
         out.append(rest)
     else:
         while out[-1] is None:
             out.pop()
     return out
+
+
+def _callback_code(callback: Any) -> Any:
+    return PARSE_CALLBACK if callback == "parse" else callback
 
 
 def url_origin(url: str) -> str:
@@ -319,12 +328,12 @@ def added_request_payload(request: Request, callback: str | None) -> str:
         return payload
     data = json.loads(payload)
     data.extend([None] * (3 - len(data)))
-    data[2] = callback
+    data[2] = _callback_code(callback)
     return _plain_json(data)
 
 
 def _encode(data: dict[str, Any], spider: Spider, request: Request) -> str:
-    """The payload of a request's fields ``data`` (its version 3 form); naming the
+    """The payload of a request's fields ``data`` (its version 4 form); naming the
     field that cannot be stored when one cannot."""
     compact = compact_payload(data)
     try:

@@ -12,6 +12,7 @@ from sqlalchemy import Connection
 
 from scrapy_reliability.frontier.records import Claimed, NewRequest, SinkItem
 from scrapy_reliability.frontier.recrawl import MAX_INTERVAL
+from scrapy_reliability.frontier.row_urls import full_url, stored_url
 from scrapy_reliability.frontier.schema import LEASED, PENDING, domains, requests
 
 #: Rows per INSERT of a multi-row VALUES list: far below SQLite's bound-parameter limit.
@@ -70,7 +71,7 @@ class HotSql(abc.ABC):
     )
     _CLAIMED = (
         "id, fingerprint, payload, attempts, priority, first_failed_at, "
-        "content_hash, content_ns, recrawl_interval, recrawl, claim_order, url"
+        "content_hash, content_ns, recrawl_interval, recrawl, claim_order, url, domain"
     )
 
     def __init__(self) -> None:
@@ -213,7 +214,7 @@ class HotSql(abc.ABC):
                 row.fingerprint,
                 row.priority,
                 row.domain,
-                row.url,
+                stored_url(row.url, row.domain),
                 row.payload,
                 row.not_before,
                 now,
@@ -291,7 +292,21 @@ class HotSql(abc.ABC):
         plain tuples (every field given): a claim builds one per row, on the hot path."""
         claimed = []
         for r in rows:
-            (id_, fp, payload, attempts, priority, failed, hash_, ns, every, why, order, url) = r
+            (
+                id_,
+                fp,
+                payload,
+                attempts,
+                priority,
+                failed,
+                hash_,
+                ns,
+                every,
+                why,
+                order,
+                url,
+                dom,
+            ) = r
             claimed.append(
                 _new_tuple(
                     Claimed,
@@ -310,7 +325,7 @@ class HotSql(abc.ABC):
                         else None,
                         why if isinstance(why, str) else None,
                         int(order),
-                        url if isinstance(url, str) else "",
+                        full_url(url, dom) if isinstance(url, str) and isinstance(dom, str) else "",
                     ),
                 )
             )

@@ -20,6 +20,7 @@ from scrapy_reliability.frontier.hotsql.base import (
     SingleResult,
 )
 from scrapy_reliability.frontier.records import Claimed, NewRequest
+from scrapy_reliability.frontier.row_urls import stored_url
 from scrapy_reliability.frontier.schema import LEASED, PENDING, feed_positions, requests
 
 #: Lists as JSON; a value JSON cannot carry (NaN, infinity) fails its write, which
@@ -182,7 +183,7 @@ class PostgresHotSql(HotSql):
                             r.fingerprint,
                             r.priority,
                             r.domain,
-                            r.url,
+                            stored_url(r.url, r.domain),
                             r.payload,
                             r.not_before,
                             r.claim_order,

@@ -20,15 +20,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import sqlalchemy as sa
-from alembic import op
+from scrapy_reliability.frontier.migrations.payloads import rewrite_payloads
 
 revision = "0016"
 down_revision = "0015"
 branch_labels = None
 depends_on = None
-
-_CHUNK = 1000
 
 
 def upgrade() -> None:
@@ -62,28 +59,6 @@ def _as_version_1(payload: str, url: str) -> str | None:
     return json.dumps(out, separators=(",", ":"), ensure_ascii=True)
 
 
-def _rewrite(table: str) -> None:
-    conn = op.get_bind()
-    last = 0
-    select = sa.text(
-        f"SELECT id, url, payload FROM {table} WHERE id > :last AND payload LIKE :v2 "
-        "ORDER BY id LIMIT :n"
-    )
-    write = sa.text(f"UPDATE {table} SET payload = :payload WHERE id = :id")
-    while True:
-        rows = conn.execute(select, {"last": last, "v2": '{"v":2%', "n": _CHUNK}).all()
-        if not rows:
-            return
-        changed = []
-        for row_id, url, payload in rows:
-            old = _as_version_1(payload, url)
-            if old is not None:
-                changed.append({"id": row_id, "payload": old})
-        if changed:
-            conn.execute(write, changed)
-        last = rows[-1][0]
-
-
 def downgrade() -> None:
-    _rewrite("reliability_requests")
-    _rewrite("reliability_dead_letters")
+    rewrite_payloads("reliability_requests", '{"v":2%', _as_version_1)
+    rewrite_payloads("reliability_dead_letters", '{"v":2%', _as_version_1)

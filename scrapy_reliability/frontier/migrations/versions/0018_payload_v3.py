@@ -21,22 +21,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import sqlalchemy as sa
-from alembic import op
+from scrapy_reliability.frontier.migrations.payloads import rewrite_payloads
 
 revision = "0018"
 down_revision = "0017"
 branch_labels = None
 depends_on = None
 
-_CHUNK = 1000
-
 
 def upgrade() -> None:
     pass
 
 
-def _as_version_2(payload: str) -> str | None:
+def _as_version_2(payload: str, url: str) -> str | None:
     """The version 2 payload of a version 3 one; None when it is not one."""
     try:
         data: Any = json.loads(payload)
@@ -59,28 +56,6 @@ def _as_version_2(payload: str) -> str | None:
     return json.dumps(out, separators=(",", ":"), ensure_ascii=True)
 
 
-def _rewrite(table: str) -> None:
-    conn = op.get_bind()
-    last = 0
-    select = sa.text(
-        f"SELECT id, payload FROM {table} WHERE id > :last AND payload LIKE :v3 "
-        "ORDER BY id LIMIT :n"
-    )
-    write = sa.text(f"UPDATE {table} SET payload = :payload WHERE id = :id")
-    while True:
-        rows = conn.execute(select, {"last": last, "v3": "[3%", "n": _CHUNK}).all()
-        if not rows:
-            return
-        changed = []
-        for row_id, payload in rows:
-            old = _as_version_2(payload)
-            if old is not None:
-                changed.append({"id": row_id, "payload": old})
-        if changed:
-            conn.execute(write, changed)
-        last = rows[-1][0]
-
-
 def downgrade() -> None:
-    _rewrite("reliability_requests")
-    _rewrite("reliability_dead_letters")
+    rewrite_payloads("reliability_requests", "[3%", _as_version_2)
+    rewrite_payloads("reliability_dead_letters", "[3%", _as_version_2)

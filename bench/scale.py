@@ -149,9 +149,9 @@ def row_values(i: int, port: int) -> tuple[str, str, str, str]:
     # A new job's key format (schema.KEY_COMPACT): base64url, no padding.
     key = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
     # Version 4: the URL is the row's; the Referer, on the request's own origin, its
-    # path; that path, the callback (parse: 0) and the depth by position.
+    # path; that path and the depth by position, the callback parse left out.
     ref = referer[len(f"http://{host}:{port}") :]
-    payload = '[4,"' + ref + '",0,' + str(depth) + "]"
+    payload = '[4,"' + ref + '",' + str(depth) + "]"
     return key, host, url, payload
 
 

@@ -1,6 +1,6 @@
 """Compact rows (schema revision 0020): a request row stores its URL without the scheme
 and host its ``domain`` holds (frontier/row_urls.py), and its payload of version 4
-writes the callback ``parse`` as ``0``. Every reader gets the whole URL back: the
+leaves out the callback ``parse``. Every reader gets the whole URL back: the
 claim, ``explain``'s lookup, the dead letter, the archive of pruned rows; rows written
 before keep their URLs; the downgrade writes both back as they were."""
 
@@ -110,13 +110,17 @@ def test_every_reader_gets_the_whole_url(frontier: Frontier) -> None:
     assert letter == cases[0][0]
 
 
-def test_a_link_takes_the_callback_parse_as_0() -> None:
+def test_a_link_leaves_out_the_callback_parse() -> None:
     link = scrapy.Request(
         f"http://{HOST}/p/9", callback=SPIDER.parse, headers={"Referer": f"http://{HOST}/p/4"}
     )
     payload = request_to_payload(link, SPIDER)
-    assert payload == '[4,"/p/4",0]'
+    assert payload == '[4,"/p/4"]'
     assert payload_to_request(payload, SPIDER, link.url).callback == SPIDER.parse
+    # No callback is not parse (CrawlSpider's rules run on a response without one).
+    bare = request_to_payload(scrapy.Request(link.url), SPIDER)
+    assert bare == "[4,null,null,null]"
+    assert payload_to_request(bare, SPIDER, link.url).callback is None
     # Version 3, written before 0020, names it.
     assert payload_to_request('[3,"/p/4","parse"]', SPIDER, link.url).callback == SPIDER.parse
 
@@ -165,9 +169,10 @@ def test_the_downgrade_to_0019_writes_whole_urls_and_version_3_payloads(
     )
     rows = [
         NewRequest("a", 0, HOST, link.url, request_to_payload(link, SPIDER)),
-        NewRequest("b", 0, HOST, f"http://{HOST}:81/q", '[4,null,"parse_item"]'),
-        NewRequest("c", 0, "y", "!x://y/", '[4,null,0,null,{"priority":2}]'),
+        NewRequest("b", 0, HOST, f"http://{HOST}:81/q", '[4,null,null,"parse_item"]'),
+        NewRequest("c", 0, "y", "!x://y/", '[4,null,null,"parse",{"priority":2}]'),
         NewRequest("d", 0, "e.com", "http://other.example/", "[4]"),
+        NewRequest("e", 0, "e.com", "http://e.com/", "[4,null,3,null]"),
     ]
     add(frontier, job, rows)
     claimed = frontier.claim(job, "w1", 1, lease_seconds=60).rows
@@ -189,6 +194,7 @@ def test_the_downgrade_to_0019_writes_whole_urls_and_version_3_payloads(
         [3, "/p/4", "parse", 2, {"meta": {"a": 1}}],
         [3, None, "parse_item"],
         [3, None, "parse", None, {"priority": 2}],
-        [3],
+        [3, None, "parse"],
+        [3, None, None, 3],
     ]
     assert tuple(letter) == after[0]

@@ -166,7 +166,7 @@ def requests(draw: st.DrawFn) -> tuple[scrapy.Request, str | None]:
         draw(st.text(max_size=5)),
     )
     meta = draw(st.dictionaries(KEYS, STORABLE, max_size=3))
-    # Scrapy's DepthMiddleware sets an int depth last (a payload of version 3 stores it
+    # Scrapy's DepthMiddleware sets an int depth last (a payload of version 4 stores it
     # by position); anywhere else, or another value, it is a key like the others.
     depth = draw(st.sampled_from([None, "last", "last", "first", "odd"]))
     if depth == "last":
@@ -287,7 +287,7 @@ def test_requests_round_trip_or_are_refused_by_name(case: tuple[scrapy.Request, 
     # Any TEXT column of SQLite or PostgreSQL holds it as it is.
     assert payload.isascii()
     assert "\x00" not in payload
-    assert json.loads(payload)[0] == 3, "a payload of version 3 is an array"
+    assert json.loads(payload)[0] == 4, "a payload of version 4 is an array"
     stored = payload_fields(payload)
     assert "url" not in stored, "the URL is the row's column"
     referers = request.headers.getlist(b"Referer")
@@ -385,18 +385,18 @@ VALID_2: dict[str, Any] = {
     "ref": "/",
 }
 FIELDS = [*sorted(VALID), "body_b64", "ref"]
-#: The same request (depth last in its meta) in a payload of version 3: an array, the
+#: The same request (depth last in its meta) in a payload of version 4: an array, the
 #: depth by position.
 VALID_3 = compact_payload(
     {k: v for k, v in VALID_2.items() if k != "v"}
     | {"meta": {**{k: v for k, v in VALID["meta"].items() if k != "depth"}, "depth": 1}}
 )
-assert VALID_3[3] == 1
+assert VALID_3[2] == 1
 
 
 @st.composite
 def mutated_arrays(draw: st.DrawFn) -> str:
-    """Payloads of version 3, nearly right: an element replaced, dropped or added, a
+    """Payloads of version 4, nearly right: an element replaced, dropped or added, a
     field of the last element set."""
     data = json.loads(json.dumps(VALID_3))
     for _ in range(draw(st.integers(1, 3))):

@@ -1,5 +1,5 @@
 """Payloads of versions 3 and 4 (schema revisions 0018, 0020): a JSON array, ``[4,
-ref, callback, depth, rest]``; version 4 writes the callback ``parse`` as ``0``. A
+ref, depth, callback, rest]``; version 4 leaves out the callback ``parse``. A
 link's payload takes about 15 characters instead of 60 (what bench/scale.py measures
 per request); rows of versions 1, 2 and 3 are still read, and the downgrades write
 version 4 payloads back as version 3, and those as version 2."""
@@ -36,12 +36,12 @@ def _link(meta: dict[str, Any], **kwargs: Any) -> scrapy.Request:
 
 def test_a_link_stores_its_referer_path_callback_and_depth_by_position() -> None:
     payload = request_to_payload(_link({"depth": 2}), SPIDER)
-    assert payload == '[4,"/p/3",0,2]'
+    assert payload == '[4,"/p/3",2]'
     back = payload_to_request(payload, SPIDER, URL)
     assert (back.url, back.callback, back.meta) == (URL, SPIDER.parse, {"depth": 2})
     assert back.headers.getlist("Referer") == [b"http://127.0.0.2:8080/p/3"]
     # The rest by name, in the last element; what a request lacks is null or left out.
-    assert request_to_payload(scrapy.Request(URL), SPIDER) == "[4]"
+    assert request_to_payload(scrapy.Request(URL), SPIDER) == "[4,null,null,null]"
     post = request_to_payload(scrapy.Request(URL, method="POST", body=b"x"), SPIDER)
     assert post == '[4,null,null,null,{"method":"POST","body":"x"}]'
 
@@ -64,7 +64,7 @@ def test_meta_comes_back_with_its_keys_in_their_order(
 ) -> None:
     payload = request_to_payload(_link(meta), SPIDER)
     stored = json.loads(payload)
-    assert (len(stored) > 3 and stored[3] is not None) == depth_by_position
+    assert (len(stored) > 2 and stored[2] is not None) == depth_by_position
     back = payload_to_request(payload, SPIDER, URL)
     assert back.meta == meta
     assert list(back.meta) == list(meta)
@@ -74,10 +74,10 @@ def test_meta_comes_back_with_its_keys_in_their_order(
 def test_an_added_request_names_its_callback_by_position() -> None:
     """``scrapy frontier add --callback``: no spider instance, the name as given."""
     payload = added_request_payload(scrapy.Request(URL), "parse_item")
-    assert payload == '[4,null,"parse_item"]'
+    assert payload == '[4,null,null,"parse_item"]'
     assert payload_to_request(payload, SPIDER, URL).callback == SPIDER.parse_item
-    assert added_request_payload(scrapy.Request(URL), None) == "[4]"
-    assert added_request_payload(scrapy.Request(URL), "parse") == "[4,null,0]"
+    assert added_request_payload(scrapy.Request(URL), None) == "[4,null,null,null]"
+    assert added_request_payload(scrapy.Request(URL), "parse") == "[4]"
 
 
 def test_a_version_2_payload_is_read_as_it_was() -> None:

@@ -91,7 +91,7 @@ def test_subclasses_keep_their_class(spider):
 
 def test_payload_is_json_not_pickle(spider):
     payload = request_to_payload(scrapy.Request("http://127.0.0.2/", callback=spider.parse), spider)
-    assert json.loads(payload) == [4, None, 0]
+    assert json.loads(payload) == [4]
     assert payload_fields(payload) == {"v": 4, "callback": "parse"}
 
 
@@ -211,9 +211,9 @@ def _with(**fields):
         ("[3, null, null, true]", "depth is a JSON boolean"),
         ('[3, null, null, 2, {"meta": {"depth": 1}}]', "a depth and a meta that holds one"),
         ("[3, null, 5]", "callback is a JSON number"),
-        ("[3, null, 0]", "callback is a JSON number"),  # 0 is parse in version 4 only
-        ("[4, null, 5]", "callback is the number 5"),
-        ("[4, null, true]", "callback is a JSON boolean"),
+        ("[4, null, null, 5]", "callback is a JSON number"),
+        ("[4, null, true]", "depth is a JSON boolean"),
+        ('[4, null, null, null, {"callback": "parse"}]', "last element names 'callback'"),
         ("[5]", "array of version '5', not 3 or 4"),
         ('{"v": 4}', "object of version 4, which is an array"),
         ('[3, "p/1", null, null, {"url": "http://127.0.0.2/"}]', "ref is not a path"),

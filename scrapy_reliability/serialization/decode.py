@@ -13,7 +13,7 @@ from scrapy import Request, Spider
 
 from scrapy_reliability.serialization.encode import (
     _VALUE_FIELDS,
-    PARSE_CALLBACK,
+    DEFAULT_CALLBACK,
     PAYLOAD_VERSION,
     _is_method_name,
     url_origin,
@@ -148,7 +148,7 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
-#: The versions written as JSON arrays (3: revision 0018; 4: 0020, ``parse`` as 0).
+#: The versions written as JSON arrays (3: revision 0018; 4: 0020).
 _ARRAY_VERSIONS = (3, PAYLOAD_VERSION)
 
 
@@ -189,7 +189,7 @@ def _load(payload: object, url: object = None) -> dict[str, Any]:
 
 def payload_fields(payload: object) -> dict[str, Any]:
     """The fields of a stored payload by the names of version 2 (``v`` its version),
-    for a reader of the tables; for a payload of version 4, ``[4, "/a", 0, 2]``:
+    for a reader of the tables; for a payload of version 4, ``[4, "/a", 2]``:
     ``{"v": 4, "ref": "/a", "callback": "parse", "meta": {"depth": 2}}``. Raises
     :class:`CorruptPayload` for a payload that is not JSON, an object of an earlier
     version or an array of version 3 or 4 (their fields are checked when rebuilt)."""
@@ -227,8 +227,9 @@ def _check_fields(data: dict[str, Any]) -> None:
 
 
 def _expanded(data: list[Any]) -> dict[str, Any]:
-    """The fields of a payload of version 3 or 4, ``[4, ref, callback, depth, rest]``,
-    by their names (encode.compact_payload writes it), ``v`` its version."""
+    """The fields of a payload of version 4, ``[4, ref, depth, callback, rest]`` (a
+    callback left out: ``parse``), or 3, ``[3, ref, callback, depth, rest]``, by their
+    names (encode.compact_payload writes version 4), ``v`` its version."""
     if not data or len(data) > 5:
         raise CorruptPayload(f"the payload is a JSON array of {len(data)} elements, not 1 to 5")
     version = data[0]
@@ -249,14 +250,14 @@ def _expanded(data: list[Any]) -> dict[str, Any]:
         if key in ("v", "ref", "callback"):
             raise CorruptPayload(f"the payload's last element names {_quote(key)}")
     out.update(rest)
-    for key, value in zip(("ref", "callback"), data[1:3], strict=False):
+    if version == PAYLOAD_VERSION:  # [4, ref, depth, callback, rest]
+        ref, depth = [*data[1:3], None, None][:2]
+        callback = data[3] if len(data) > 3 else DEFAULT_CALLBACK
+    else:  # [3, ref, callback, depth, rest]
+        ref, callback, depth = [*data[1:4], None, None, None][:3]
+    for key, value in (("ref", ref), ("callback", callback)):
         if value is not None:
             out[key] = value
-    if version == PAYLOAD_VERSION and type(out.get("callback")) is int:
-        if out["callback"] != PARSE_CALLBACK:
-            raise CorruptPayload(f"the payload's callback is the number {out['callback']}")
-        out["callback"] = "parse"
-    depth = data[3] if len(data) > 3 else None
     if depth is not None:
         if type(depth) is not int:
             raise CorruptPayload(f"depth is a JSON {_json_type(depth)} in the payload")

@@ -28,16 +28,16 @@ from scrapy_reliability.serialization.value_codecs import (
     _not_too_deep,
 )
 
-#: 4 (revision 0020): version 3 where the callback ``parse``, a spider's default
-#: and the one most requests name, is written ``0``. 3 (revision 0018): a JSON array,
-#: ``[3, ref, callback, depth, rest]``: the fields most requests have by position,
-#: the others in ``rest`` by name (see :func:`compact_payload`). 2 (revision 0016): an
-#: object; the URL is the row's own column, not repeated in the payload, and a
-#: Referer on the request's own origin is stored as its path (``ref``). Payloads of
-#: versions 1 (with ``url``), 2 and 3 are still read.
+#: 4 (revision 0020): a JSON array, ``[4, ref, depth, callback, rest]``: the fields
+#: most requests have by position, the others in ``rest`` by name, a callback left
+#: out when it is ``parse`` (see :func:`compact_payload`). 3 (revision 0018):
+#: ``[3, ref, callback, depth, rest]``, a callback left out when there is none.
+#: 2 (revision 0016): an object; the URL is the row's own column, not repeated in the
+#: payload, and a Referer on the request's own origin is stored as its path
+#: (``ref``). Payloads of versions 1 (with ``url``), 2 and 3 are still read.
 PAYLOAD_VERSION = 4
-#: How version 4 writes the callback ``parse``.
-PARSE_CALLBACK = 0
+#: The callback a payload of version 4 leaves out: a spider's default method.
+DEFAULT_CALLBACK = "parse"
 
 #: Longest payload stored, in characters: far below the 1 GB either backend holds in
 #: one value, far above any request that does not carry a whole document in meta.
@@ -224,15 +224,16 @@ def request_to_payload(
 
 def compact_payload(fields: dict[str, Any]) -> list[Any]:
     """The version 4 form of a request's ``fields`` (the names of version 2, without
-    ``v``): ``[4, ref, callback, depth, rest]``. By position, what most links have: the
-    Referer path, the callback (``0`` for ``parse``), and the depth Scrapy's
-    DepthMiddleware set in meta;
-    ``null`` for one the request lacks, trailing ones left out. ``rest`` holds the
-    other fields by name. ``depth`` is taken only as meta's last key and an int (as
-    DepthMiddleware sets it), so that the meta rebuilt has its keys in their order.
+    ``v``): ``[4, ref, depth, callback, rest]``. By position, what most links have: the
+    Referer path, the depth Scrapy's DepthMiddleware set in meta (``null`` for one the
+    request lacks), and the callback's name (``null``: none); ``rest`` holds the other
+    fields by name. The callback is left out when it is ``parse`` and nothing follows
+    it, and then the trailing ``null`` s with it. ``depth`` is taken only as meta's last
+    key and an int (as DepthMiddleware sets it), so that the meta rebuilt has its keys
+    in their order.
 
     A link of a crawl, ``{"v":2,"ref":"/a","callback":"parse","meta":{"depth":2}}`` in
-    version 2 (56 characters), is ``[4,"/a",0,2]`` (12)."""
+    version 2 (56 characters), is ``[4,"/a",2]`` (10)."""
     rest = {k: v for k, v in fields.items() if k not in ("ref", "callback")}
     depth = None
     meta = rest.get("meta")
@@ -246,18 +247,14 @@ def compact_payload(fields: dict[str, Any]) -> list[Any]:
                 rest["meta"] = meta
             else:
                 del rest["meta"]
-    callback = fields.get("callback")
-    out = [PAYLOAD_VERSION, fields.get("ref"), _callback_code(callback), depth]
+    out = [PAYLOAD_VERSION, fields.get("ref"), depth, fields.get("callback")]
     if rest:
         out.append(rest)
-    else:
+    elif out[3] == DEFAULT_CALLBACK:
+        out.pop()
         while out[-1] is None:
             out.pop()
     return out
-
-
-def _callback_code(callback: Any) -> Any:
-    return PARSE_CALLBACK if callback == "parse" else callback
 
 
 def url_origin(url: str) -> str:
@@ -326,9 +323,12 @@ def added_request_payload(request: Request, callback: str | None) -> str:
     payload = request_to_payload(request, cast(Spider, None))
     if callback is None:
         return payload
-    data = json.loads(payload)
-    data.extend([None] * (3 - len(data)))
-    data[2] = _callback_code(callback)
+    data = json.loads(payload)  # [4, ref, depth, null] or with rest
+    data[3] = callback
+    if callback == DEFAULT_CALLBACK and len(data) == 4:
+        data.pop()
+        while data[-1] is None:
+            data.pop()
     return _plain_json(data)
 
 

@@ -6,7 +6,7 @@ is stored without both: ``!`` for ``http://<domain>``, ``~`` for
 ``https://<domain>``; ``http://127.0.1.49:8080/p/24?q=2448`` on domain
 ``127.0.1.49`` is ``!:8080/p/24?q=2448``. Any other URL is stored as it is, behind a
 ``\\`` when it begins with one of the three marks (a URL Scrapy takes needs only a
-``:``). Rows written before 0020 hold full URLs; none of them begins with a mark once
+``://``). Rows written before 0020 hold full URLs; none of them begins with a mark once
 the upgrade has escaped the few that did, so every stored text reads back exactly.
 
 Rows are written through :func:`stored_url` (or :func:`verbatim_url`, where the

@@ -27,15 +27,15 @@ def test_standalone_memory_bounded_answers_exact(tmp_path):
     url = f"sqlite:///{tmp_path / 'df.sqlite'}"
     crawler = get_crawler(
         Spider,
-        {"RELIABILITY_DATABASE_URL": url, "RELIABILITY_DEDUP_CACHE_SIZE": 1000},
+        {"RELIABILITY_DATABASE_URL": url, "RELIABILITY_DEDUP_CACHE_SIZE": 200},
     )
     crawler.spider = Spider()
     df = DupeFilter.from_crawler(crawler)
     df.open()
-    n = 20_000
+    n = 4_000  # twenty times what the cache holds
     requests = [scrapy.Request(f"http://127.0.0.2/p/{i}") for i in range(n)]
     assert not any(df.request_seen(r) for r in requests)
-    assert len(df.recent) <= 1000
+    assert len(df.recent) <= 200
     # Everything, including what the bounded cache evicted long ago, is still known.
     assert all(df.request_seen(scrapy.Request(f"http://127.0.0.2/p/{i}")) for i in range(n))
     df.close("shutdown")

@@ -125,6 +125,8 @@ def _politeness_from_download_delay(project: Path) -> None:
     settings.write_text(text.replace("RELIABILITY_DOMAIN_RATE = 0\n", ""))
 
 
+# Over 30 s each, most of it night 1 waiting on the site's 2 requests/s per host.
+@pytest.mark.long
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )

@@ -17,6 +17,7 @@ from scrapy_reliability.frontier import Frontier, schema
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess, page_fault
 from tests.crawling import (
     Crawl,
+    count_lines,
     crawl_with_kills,
     make_project,
     pages_in,
@@ -265,14 +266,11 @@ def test_outage_dead_letters_export_then_retry_pass_recovers(tmp_path: Path):
         fault_rate=0.03,
         faults=("404",),
         latency_ms=40,
-        outage_start=6,
-        outage_seconds=30,
         seed=4,
     )
     missing = faulty(config, "404")
     expected = reachable_pages(config, skip=missing) - missing
     with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
-        started = time.monotonic()
         jobdir = tmp_path / "job"
         items = tmp_path / "items.jsonl"
         dead_feed = tmp_path / "dead.jsonl"
@@ -292,7 +290,18 @@ def test_outage_dead_letters_export_then_retry_pass_recovers(tmp_path: Path):
             "RELIABILITY_MAX_ATTEMPTS=3",
             "RELIABILITY_BACKOFF_BASE_SECONDS=0.5",
         )
-        assert crawl.run() == 0, crawl.log()[-2000:]
+        proc = crawl.start()
+        # The outage begins once the crawl is well under way (the site answered 500
+        # requests; the crawl has 900 pages), not at a fixed time after the site
+        # started: on a loaded machine Scrapy can take seconds to start, and an outage
+        # from its first request on would reach no 404 before it. What is left goes to
+        # the retry pass, at its gentler rate.
+        while count_lines(site.log_path) < 500:
+            assert proc.poll() is None, crawl.log()[-2000:]
+            time.sleep(0.02)
+        assert site.control("/_control/outage?seconds=30")[0] == 200
+        outage_over = time.monotonic() + 30
+        assert proc.wait(timeout=300) == 0, crawl.log()[-2000:]
         log = crawl.log()
         assert "'reliability/dead/transient'" in log
         assert "'reliability/retry/transient'" in log
@@ -319,7 +328,7 @@ def test_outage_dead_letters_export_then_retry_pass_recovers(tmp_path: Path):
         dead_before = dead_letters(jobdir / "reliability.sqlite")
 
         # The nightly retry pass, once the outage is over.
-        time.sleep(max(0.0, 6 + 30 + 1 - (time.monotonic() - started)))
+        time.sleep(max(0.0, outage_over + 1 - time.monotonic()))
         crawl.verb = ["retrypass"]
         assert crawl.run() == 0, crawl.log()[-2000:]
         assert f"{len(dead_before)} dead letters back to pending" in crawl.log()

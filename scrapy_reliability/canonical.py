@@ -125,23 +125,29 @@ _INDEX_NAME = re.compile(r"[-!$&'()*+,.0-9:=@A-Z_a-z|~]+", re.ASCII)
 # checked apart too.
 _QUERY_FIELD = r"[-.0-9A-Z_a-z~]*=[-.0-9A-Z_a-z~]*"
 _W3LIB_CANONICAL = re.compile(
-    r"https?://[a-z0-9-]+(?:\.[a-z0-9-]+)*(?::(?P<port>[1-9][0-9]{0,4}))?"
+    r"https?://(?P<host>[a-z0-9-]+(?:\.[a-z0-9-]+)*)(?::(?P<port>[1-9][0-9]{0,4}))?"
     r"/[-!$&'()*+,./0-9:=@A-Z_a-z|~]*"
     rf"(?:\?(?P<query>{_QUERY_FIELD}(?:&{_QUERY_FIELD})*))?\Z",
     re.ASCII,
 )
 
 
+# A host ending in a number, which newer w3lib reads as IPv4 ("0" as "0.0.0.0"; "a.0" refused).
+_NUMERIC_LAST_LABEL = re.compile(r"(?:\A|\.)(?:[0-9]+|0x[0-9a-f]*)\Z", re.ASCII)
+_DOTTED_QUAD = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(?:\.|\Z)){4}")
+
+
 def _w3lib_keeps(url: str) -> bool:
-    """True when ``canonicalize_url(url) == url`` for certain; False when it may not
-    be (it then runs). ``tests/test_canonical.py`` checks the first against w3lib,
-    and :data:`_W3LIB_AGREES` against the w3lib installed."""
+    """True when ``canonicalize_url(url) == url`` for certain; False when it may not be (it
+    then runs). Checked against w3lib by ``tests/test_canonical.py`` and _W3LIB_AGREES."""
     match = _W3LIB_CANONICAL.match(url)
     if match is None or "/." in url:  # a dot segment, which canonicalize_url resolves
         return False
-    port, query = match.group("port", "query")
-    if port is not None and int(port) > 65535:
-        return False  # canonicalize_url refuses it
+    host, port, query = match.group("host", "port", "query")
+    if _NUMERIC_LAST_LABEL.search(host) and not _DOTTED_QUAD.fullmatch(host):
+        return False
+    if port is not None and int(port) > 65535:  # canonicalize_url refuses it
+        return False
     if query and "&" in query:
         fields = [tuple(field.split("=")) for field in query.split("&")]
         return fields == sorted(fields)

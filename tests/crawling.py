@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,17 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def claim_starts(*claims_paths: Path, path_part: str = "/p/") -> dict[str, list[float]]:
+    """Each domain's claimed starts (``starts_at``) of the pages whose URL holds
+    ``path_part``, from the test project's ``CLAIMS_PATH`` files (one per worker)."""
+    starts: dict[str, list[float]] = defaultdict(list)
+    for path in claims_paths:
+        for entry in read_jsonl(path):
+            if path_part in entry["url"]:
+                starts[entry["domain"]].append(entry["starts_at"])
+    return dict(starts)
 
 
 def page_requests(site_log: Path) -> Counter[tuple[str, str]]:

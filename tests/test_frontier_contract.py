@@ -1002,6 +1002,33 @@ def test_a_sqlite_claim_alone_and_settlements_alone_are_one_statement_each(
         frontier.close()
 
 
+def test_a_sqlite_ack_and_the_next_claim_are_one_transaction_of_four_calls(
+    sqlite_url: str,
+) -> None:
+    """The ack and the next claim no domain limit decides, in one write (as a crawl
+    sends them): BEGIN IMMEDIATE, the ack, the claim as one UPDATE of the candidates,
+    COMMIT; the claim in claim order, none of the acked rows."""
+    frontier = Frontier.connect(sqlite_url)
+    try:
+        job_id = frontier.open_job("spider", SCHEME, now=NOW).id
+        add(frontier, job_id, [req(f"n{i}", claim_order=i) for i in range(20)])
+        first = claim(frontier, job_id, limit=8).rows
+        acks = [Transition(c.id, c.token, Outcome.DONE) for c in first]
+        before = frontier.round_trips
+        result = frontier.write(
+            job_id, WriteBatch(transitions=acks), claim=ClaimSpec("w1", 8, LEASE)
+        )
+        assert frontier.round_trips - before == 4
+        assert result.settled == [c.id for c in first] and result.lost == []
+        assert result.claimed is not None
+        got = result.claimed.rows
+        assert [c.fingerprint for c in got] == [f"n{i}" for i in range(8, 16)]
+        assert len({c.token for c in got}) == 1 and got[0].token != first[0].token
+        assert frontier.counts(job_id) == {"done": 8, "leased": 8, "pending": 4}
+    finally:
+        frontier.close()
+
+
 @pytest.mark.postgres
 def test_a_postgres_write_of_new_rows_acks_and_a_claim_is_one_statement(
     postgres_url: str,

@@ -44,7 +44,7 @@ from scrapy_reliability.testing.site import (
     js_token,
     max_per_window,
 )
-from tests.crawling import REPO, Crawl, count_lines, make_project, read_jsonl
+from tests.crawling import REPO, Crawl, claim_starts, count_lines, make_project, read_jsonl
 from tests.frontier_helpers import URL_SQL
 
 CHROMIUM = "/usr/bin/chromium"
@@ -323,10 +323,8 @@ def test_per_domain_rate_holds_for_browser_requests(tmp_path: Path, chromium: st
     # The limits are enforced by the claim, which gives each request its start (a
     # claim takes the tokens of the next second ahead): there they hold exactly. (At
     # the site, a loaded machine or the browser can bunch requests started 1 s apart.)
-    claimed: dict[str, list[float]] = {h: [] for h in config.hosts}
-    for entry in read_jsonl(claims_path):
-        if "/p/" in entry["url"]:
-            claimed[entry["domain"]].append(entry["starts_at"])
+    starts = claim_starts(claims_path)
+    claimed = {h: starts.get(h, []) for h in config.hosts}
     worst = {host: max_per_window(ts) for host, ts in claimed.items()}
     slow = sorted(times["127.0.0.2"])
     print(

@@ -19,7 +19,7 @@ from scrapy_reliability.config import Config, SettingError
 from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
 from scrapy_reliability.frontier.politeness import PACE_AHEAD, DomainLimits, Politeness
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess, max_per_window
-from tests.crawling import Crawl, count_lines, make_project, pages_in, read_jsonl
+from tests.crawling import Crawl, claim_starts, count_lines, make_project, pages_in, read_jsonl
 from tests.frontier_helpers import add
 
 
@@ -352,11 +352,7 @@ def test_rate_holds_across_two_workers_on_one_postgres(tmp_path: Path, postgres_
     # The limit is enforced by the claim, which gives each request its start: there it
     # holds exactly, across both workers. (At the site, a loaded machine can bunch
     # requests started 0.2 s apart: 7 in a second on every host once, in CI.)
-    starts: dict[str, list[float]] = defaultdict(list)
-    for n in (1, 2):
-        for entry in read_jsonl(tmp_path / f"claims{n}.jsonl"):
-            if "/p/" in entry["url"]:
-                starts[entry["domain"]].append(entry["starts_at"])
+    starts = claim_starts(tmp_path / "claims1.jsonl", tmp_path / "claims2.jsonl")
     worst = {host: max_per_window(times) for host, times in starts.items()}
     arrived = per_host_times(log)
     at_site = {host: max_per_window(times) for host, times in arrived.items()}

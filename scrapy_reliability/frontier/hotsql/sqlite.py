@@ -98,6 +98,22 @@ class SqliteHotSql(HotSql):
         params = (now, _dumps(settles))
         return {int(row[0]) for row in self._execute(conn, sql, params).fetchall()}
 
+    def lease_due(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        now: float,
+        limit: int,
+        token: str,
+        worker_id: str,
+        expires_at: float,
+    ) -> list[Claimed]:
+        # Inside a transaction too (the ack and the next claim of a crawl with no
+        # domain limit): one statement instead of the candidates and their lease.
+        lease = DueLease(limit, token, worker_id, expires_at, now)
+        return self._lease_due_single(conn, job_id, lease)
+
     def _lease_due_single(self, conn: Connection, job_id: int, lease: DueLease) -> list[Claimed]:
         """:meth:`lease_due` as one statement: the lease of the candidates."""
         key = self._candidates_key(())

@@ -1025,6 +1025,16 @@ def test_a_sqlite_ack_and_the_next_claim_are_one_transaction_of_four_calls(
         assert [c.fingerprint for c in got] == [f"n{i}" for i in range(8, 16)]
         assert len({c.token for c in got}) == 1 and got[0].token != first[0].token
         assert frontier.counts(job_id) == {"done": 8, "leased": 8, "pending": 4}
+        # A claim that comes back short says, in the same transaction, that nothing
+        # more is pending.
+        acks = [Transition(c.id, c.token, Outcome.DONE) for c in got]
+        result = frontier.write(
+            job_id, WriteBatch(transitions=acks), claim=ClaimSpec("w1", 8, LEASE)
+        )
+        assert result.settled == [c.id for c in got] and result.claimed is not None
+        assert [c.fingerprint for c in result.claimed.rows] == [f"n{i}" for i in range(16, 20)]
+        assert result.claimed.next_due is None and result.claimed.leased_elsewhere == 0
+        assert frontier.counts(job_id) == {"done": 16, "leased": 4}
     finally:
         frontier.close()
 

@@ -120,18 +120,28 @@ class SingleWrites:
         return SingleWrite(job_id, batch.inserts, settles, claim, lease, now, output)
 
     def write(self, w: SingleWrite) -> WriteResult:
-        """``w`` on the calling thread, through the frontier's kept connection."""
+        """``w`` on the calling thread, through the frontier's kept connection: one
+        statement, or (SQLite's ack and next claim) statements in one transaction,
+        which also completes a claim that came back short."""
+        if self._sql.in_transaction(len(w.settles), w.lease is not None):
+            with self._acking(w), self._transaction() as conn:
+                single = self._statements(conn, w)
+                rest = self._claim_rest_in(conn, w, single)
+            return self._result(w, single, rest)
         with self._acking(w), self._one_statement() as conn:
-            single = self._sql.write_single(
-                conn,
-                w.job_id,
-                w.inserts,
-                settles=w.settles,
-                lease=w.lease,
-                now=w.now,
-                output=w.output,
-            )
+            single = self._statements(conn, w)
         return self._result(w, single, self._claim_rest(w, single))
+
+    def _statements(self, conn: Connection, w: SingleWrite) -> SingleResult:
+        return self._sql.write_single(
+            conn,
+            w.job_id,
+            w.inserts,
+            settles=w.settles,
+            lease=w.lease,
+            now=w.now,
+            output=w.output,
+        )
 
     async def write_async(
         self, w: SingleWrite, on_thread: OnThread[ClaimResult | None]
@@ -168,12 +178,20 @@ class SingleWrites:
         """The rest of a claim the statement leased short (None if it did not)."""
         if not self._short(w, single):
             return None
+        with self._transaction() as conn:
+            return self._claim_rest_in(conn, w, single)
+
+    def _claim_rest_in(
+        self, conn: Connection, w: SingleWrite, single: SingleResult
+    ) -> ClaimResult | None:
+        """:meth:`_claim_rest` in the open transaction ``conn``."""
+        if not self._short(w, single):
+            return None
         assert w.claim is not None and w.lease is not None
         rows = in_claim_order(single[2])
-        with self._transaction() as conn:
-            return self._claims.claim_rest(
-                conn, w.job_id, w.claim, rows, w.lease.now, new_rows=bool(single[0])
-            )
+        return self._claims.claim_rest(
+            conn, w.job_id, w.claim, rows, w.lease.now, new_rows=bool(single[0])
+        )
 
     @staticmethod
     def _result(w: SingleWrite, single: SingleResult, rest: ClaimResult | None) -> WriteResult:

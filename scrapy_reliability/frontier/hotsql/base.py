@@ -165,7 +165,13 @@ class HotSql(abc.ABC):
         state) of ``settles`` that still holds its token, record ``output`` (its
         sink items only with their page's settlement), and with ``lease`` lease due
         pending rows. The lease does not see the rows this statement inserts (one
-        snapshot)."""
+        snapshot). Where :meth:`in_transaction` says so, its statements go inside a
+        transaction the caller opened instead."""
+
+    def in_transaction(self, settles: int, claims: bool) -> bool:
+        """Whether :meth:`write_single` of ``settles`` settlements, with a claim when
+        ``claims``, is several statements that go inside one transaction."""
+        return False
 
     def lease_due(
         self,

@@ -47,10 +47,15 @@ class SqliteHotSql(HotSql):
 
     def writes_single(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
         # SQLite has no data-modifying CTE: one kind of change per statement. New
-        # requests only, settlements only, or a claim only.
-        if output or (inserts and (settles or claims)) or (settles and claims):
+        # requests only, settlements only, or a claim only, each in autocommit; or
+        # settlements and a claim (a crawl's ack and its next claim), the two
+        # statements in one transaction (:meth:`in_transaction`).
+        if output or (inserts and (settles or claims)):
             return False
         return inserts <= INSERT_CHUNK and bool(inserts or settles or claims)
+
+    def in_transaction(self, settles: int, claims: bool) -> bool:
+        return bool(settles) and claims
 
     def write_single(
         self,
@@ -63,11 +68,12 @@ class SqliteHotSql(HotSql):
         now: float,
         output: Output = NO_OUTPUT,
     ) -> SingleResult:
-        assert not output and (bool(rows) + bool(settles) + (lease is not None)) == 1
-        if settles:
-            return set(), self._settle_each(conn, settles, now), []
+        assert not output and not (rows and (settles or lease is not None))
+        settled = self._settle_each(conn, settles, now) if settles else set()
         if lease is not None:
-            return set(), set(), self._lease_due_single(conn, job_id, lease)
+            return set(), settled, self._lease_due_single(conn, job_id, lease)
+        if settles:
+            return set(), settled, []
         return self.insert(conn, job_id, rows, now), set(), []
 
     def _settle_each(

@@ -1,6 +1,7 @@
 """Writes that go as one statement, a transaction of its own: new requests,
 plain settlements and a claim no domain limit decides (see
-``HotSql.write_single``). On the database thread through the frontier's kept
+``HotSql.write_single``; on SQLite, settlements with a claim are its two
+statements in one transaction). On the database thread through the frontier's kept
 connection; on PostgreSQL also on the caller's asyncio event loop, on a
 connection of its own (:mod:`.hotsql.pgasync`)."""
 

@@ -43,7 +43,8 @@ class SqliteHotSql(HotSql):
     few rows, returns its ids. New requests only, plain settlements only, or a
     claim no domain limit decides are each one statement in autocommit (no BEGIN,
     no COMMIT): its commit writes the pages it changed to the WAL inside the
-    statement's step, with the GIL released."""
+    statement's step, with the GIL released. Settlements with such a claim (a
+    crawl's ack and its next claim) are those two statements in one transaction."""
 
     def writes_single(self, inserts: int, settles: int, claims: bool, output: bool = False) -> bool:
         # SQLite has no data-modifying CTE: one kind of change per statement. New

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 
 from scrapy_reliability.frontier.domains import DomainRows
-from scrapy_reliability.frontier.hotsql import HotSql
+from scrapy_reliability.frontier.hotsql import DueLease, HotSql
 from scrapy_reliability.frontier.politeness import DomainState, Politeness
 from scrapy_reliability.frontier.records import Claimed, ClaimResult, ClaimSpec
 from scrapy_reliability.frontier.schema import LEASED, PENDING, requests
@@ -163,15 +163,8 @@ class Claimer:
         excluded: set[str] = set()
         states: dict[str, DomainState] = {}
         if not policy.limits_anything:
-            rows = self._sql.lease_due(
-                conn,
-                job_id,
-                now=now,
-                limit=limit,
-                token=token,
-                worker_id=worker_id,
-                expires_at=now + lease_seconds,
-            )
+            lease = DueLease(limit, token, worker_id, now + lease_seconds, now)
+            rows = self._sql.lease_due(conn, job_id, lease)
             return self._result(conn, job_id, spec, rows, starts=starts, policy=policy, now=now)
         for _round in range(3):
             want = limit - len(taken)

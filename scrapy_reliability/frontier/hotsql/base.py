@@ -173,27 +173,11 @@ class HotSql(abc.ABC):
         ``claims``, is several statements that go inside one transaction."""
         return False
 
-    def lease_due(
-        self,
-        conn: Connection,
-        job_id: int,
-        *,
-        now: float,
-        limit: int,
-        token: str,
-        worker_id: str,
-        expires_at: float,
-    ) -> list[Claimed]:
-        """Lease up to ``limit`` due pending rows of domains not paused, in claim
-        order, when no domain limit decides which (the candidates, then their
-        lease; PostgreSQL sends both as one statement)."""
-        candidates = self.candidates(conn, job_id, now=now, excluded=(), limit=limit)
-        if not candidates:
-            return []
-        ids = [request_id for request_id, _ in candidates]
-        return self.lease(
-            conn, ids, token=token, worker_id=worker_id, expires_at=expires_at, now=now
-        )
+    @abc.abstractmethod
+    def lease_due(self, conn: Connection, job_id: int, lease: DueLease) -> list[Claimed]:
+        """Lease up to ``lease.limit`` due pending rows of domains not paused, in
+        claim order, when no domain limit decides which: one statement, the lease
+        of the candidates."""
 
     # Shared texts and parameters.
 

@@ -85,25 +85,14 @@ class PostgresHotSql(HotSql):
         sql = f"{self._lease_sql(len(ids))} RETURNING {self._CLAIMED}"
         return self._claimed(conn.exec_driver_sql(sql, params), token)
 
-    def lease_due(
-        self,
-        conn: Connection,
-        job_id: int,
-        *,
-        now: float,
-        limit: int,
-        token: str,
-        worker_id: str,
-        expires_at: float,
-    ) -> list[Claimed]:
+    def lease_due(self, conn: Connection, job_id: int, lease: DueLease) -> list[Claimed]:
         # One round trip: the candidates (locked, skipping rows a concurrent claim
         # holds) as a CTE of the lease.
         sql = self._text(
             "lease-due", 0, lambda: f"WITH {self._due_ctes()} SELECT {self._CLAIMED} FROM got"
         )
-        lease = DueLease(limit, token, worker_id, expires_at, now)
         params = tuple(self._due_params(job_id, lease))
-        return self._claimed(conn.exec_driver_sql(sql, params), token)
+        return self._claimed(conn.exec_driver_sql(sql, params), lease.token)
 
     def _due_ctes(self) -> str:
         """``due``: the candidates, locked, skipping rows a concurrent claim holds;

@@ -72,7 +72,7 @@ class SqliteHotSql(HotSql):
         assert not output and not (rows and (settles or lease is not None))
         settled = self._settle_each(conn, settles, now) if settles else set()
         if lease is not None:
-            return set(), settled, self._lease_due_single(conn, job_id, lease)
+            return set(), settled, self.lease_due(conn, job_id, lease)
         if settles:
             return set(), settled, []
         return self.insert(conn, job_id, rows, now), set(), []
@@ -105,24 +105,9 @@ class SqliteHotSql(HotSql):
         params = (now, _dumps(settles))
         return {int(row[0]) for row in self._execute(conn, sql, params).fetchall()}
 
-    def lease_due(
-        self,
-        conn: Connection,
-        job_id: int,
-        *,
-        now: float,
-        limit: int,
-        token: str,
-        worker_id: str,
-        expires_at: float,
-    ) -> list[Claimed]:
-        # Inside a transaction too (the ack and the next claim of a crawl with no
-        # domain limit): one statement instead of the candidates and their lease.
-        lease = DueLease(limit, token, worker_id, expires_at, now)
-        return self._lease_due_single(conn, job_id, lease)
-
-    def _lease_due_single(self, conn: Connection, job_id: int, lease: DueLease) -> list[Claimed]:
-        """:meth:`lease_due` as one statement: the lease of the candidates."""
+    def lease_due(self, conn: Connection, job_id: int, lease: DueLease) -> list[Claimed]:
+        # In autocommit on its own, or inside a transaction (the ack and the next claim; a
+        # write with new requests and a claim).
         key = self._candidates_key(())
         sql = self._text(
             "lease-due-single",

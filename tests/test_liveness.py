@@ -6,14 +6,20 @@ marks it dead."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
+import socket
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, update
 
-from scrapy_reliability.frontier import Frontier, liveness
+from scrapy_reliability.frontier import Frontier, NewRequest, WriteBatch, liveness
 from scrapy_reliability.frontier.schema import workers
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 from tests.crawling import Crawl, count_lines, make_project, pages_in, read_jsonl, signal_when
@@ -93,6 +99,143 @@ def test_a_lost_lock_connection_is_taken_again(job, postgres_url: str) -> None:
     finally:
         lock.close()
         other.dispose()
+
+
+def _a_free_pid() -> int:
+    """A pid that no process of this host has now."""
+    return next(p for p in range(20000, 32000) if not Path(f"/proc/{p}").exists())
+
+
+def _rows_leased_to(frontier: Frontier, job_id: int, worker_id: str, n: int) -> list[int]:
+    frontier.write(
+        job_id,
+        WriteBatch(
+            inserts=[
+                NewRequest(f"k{worker_id}{i}", 0, "example.com", f"/{worker_id}/{i}", "{}")
+                for i in range(n)
+            ]
+        ),
+    )
+    return [r.id for r in frontier.claim(job_id, worker_id, n, lease_seconds=60).rows]
+
+
+def test_a_live_worker_with_this_host_s_name_in_another_pid_namespace_keeps_its_leases(
+    job, postgres_url: str
+) -> None:
+    """A worker that registered with this host's name and a pid that no process here
+    has (it runs in a container with the host's network, or on a machine of the same
+    name) but holds its session lock is alive: no sibling takes its leases. Once its
+    session ends it is dead, as ``process gone`` (the pid check agrees)."""
+    frontier, job_id = job
+    here = socket.gethostname()
+    pid = _a_free_pid()
+    assert liveness.local_process_is_dead(here, pid)  # what the pid check alone says
+    worker = f"{here}:{pid}:ee{liveness.MARK}"
+    other = create_engine(postgres_url)
+    lock = liveness.SessionLock(other, worker)
+    try:
+        frontier.register_worker(job_id, worker, here, pid, callbacks=["parse"])
+        held = _rows_leased_to(frontier, job_id, worker, 3)
+        rows = [(worker, here, pid)]
+        with frontier.engine.begin() as conn:
+            assert liveness.dead_workers(conn, rows, liveness.local_process_is_dead) == {}
+        recovered = frontier.recover_dead_workers(
+            job_id, me="me", is_dead=liveness.local_process_is_dead
+        )
+        assert recovered == 0
+        assert frontier.counts(job_id) == {"leased": len(held)}
+        lock.close()
+        deadline = time.monotonic() + 10
+        while True:
+            with frontier.engine.begin() as conn:
+                found = liveness.dead_workers(conn, rows, liveness.local_process_is_dead)
+            if found or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert found == {worker: "process gone"}
+        recovered = frontier.recover_dead_workers(
+            job_id, me="me", is_dead=liveness.local_process_is_dead
+        )
+        assert recovered == len(held)
+        assert frontier.counts(job_id) == {"pending": len(held)}
+    finally:
+        lock.close()
+        other.dispose()
+
+
+_NAMESPACED_WORKER = textwrap.dedent(
+    """
+    import sys, time
+    from sqlalchemy import create_engine
+    from scrapy_reliability._jobs import worker_identity
+    from scrapy_reliability.frontier import Frontier, NewRequest, WriteBatch, liveness
+
+    worker, hostname, pid = worker_identity()
+    frontier = Frontier.connect(sys.argv[1])
+    job_id = frontier.open_job("liveness", "fp1").id
+    lock = liveness.SessionLock(create_engine(sys.argv[1]), worker)
+    frontier.register_worker(job_id, worker, hostname, pid, callbacks=["parse"])
+    frontier.write(job_id, WriteBatch(inserts=[
+        NewRequest(f"ns{i}", 0, "example.com", f"/ns/{i}", "{}") for i in range(4)]))
+    claimed = frontier.claim(job_id, worker, 4, lease_seconds=60).rows
+    print(worker, hostname, pid, len(claimed), flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@pytest.mark.crawl
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or shutil.which("unshare") is None,
+    reason="needs Linux and util-linux's unshare",
+)
+def test_a_worker_in_another_pid_namespace_is_not_taken_for_dead(
+    job, postgres_url: str, tmp_path: Path
+) -> None:
+    """A real worker process in a pid namespace of its own (as in a container that
+    shares this host's name), registered with its real identity and holding 4
+    leases: `status` says alive, a sibling's recovery leaves its leases."""
+    frontier, job_id = job
+    free = _a_free_pid()
+    program = tmp_path / "worker.py"
+    program.write_text(_NAMESPACED_WORKER)
+    script = (
+        f"echo {free - 1} > /proc/sys/kernel/ns_last_pid && "
+        f'"{sys.executable}" "{program}" "{postgres_url}"'
+    )
+    proc = subprocess.Popen(
+        ["unshare", "--fork", "--pid", "--mount-proc", "--kill-child", "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line:
+            err = proc.stderr.read() if proc.stderr else ""
+            if "Operation not permitted" in err:
+                pytest.skip(f"unshare needs privileges here: {err.strip()[:200]}")
+            raise AssertionError(err)
+        worker, hostname, pid, claimed = line.split()
+        print(f"worker in its own pid namespace: {worker}, pid {pid} there")
+        assert hostname == socket.gethostname() and int(claimed) == 4
+        assert liveness.local_process_is_dead(hostname, int(pid))  # no such pid here
+        recovered = frontier.recover_dead_workers(
+            job_id, me="me", is_dead=liveness.local_process_is_dead
+        )
+        assert recovered == 0
+        assert frontier.counts(job_id) == {"leased": 4}
+        project = make_project(tmp_path)
+        shown = frontier_cmd(
+            project, "status", "--database-url", postgres_url, "--job", "liveness", "--json"
+        )
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        states = {w["id"]: w["state"] for w in json.loads(shown.stdout)["workers"]}
+        assert states == {worker: "alive"}, states
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.mark.crawl

@@ -49,11 +49,15 @@ def move_job(ctx: Context, args: list[str]) -> bool:
         )
     names = [n for n in (job.name, f"{job.name}:dupefilter") if n in inspector.job_names()]
     lease = ctx.config(spider).lease_seconds
+    # A worker of this host whose process is gone (on PostgreSQL: whose session
+    # ended) is dead at once, as lease recovery decides; one elsewhere counts as
+    # live until its heartbeat is a lease old.
     with reading(inspector.engine) as conn:
         beating = mover.live_workers(conn, names, since=ctx.now - lease)
-    # A worker of this host whose process is gone is dead at once (as lease recovery
-    # decides); one elsewhere counts as live until its heartbeat is a lease old.
-    live = [w for w in beating if not liveness.local_process_is_dead(w.hostname, w.pid)]
+        gone = liveness.dead_workers(
+            conn, [(w.id, w.hostname, w.pid) for w in beating], liveness.local_process_is_dead
+        )
+    live = [w for w in beating if w.id not in gone]
     if live:
         who = ", ".join(f"{w.hostname} pid {w.pid}" for w in live)
         raise CommandFailed(

@@ -240,7 +240,7 @@ def live_workers(conn: Connection, names: Sequence[str], *, since: float) -> lis
     """Workers of the jobs ``names`` not stopped and heard from since ``since``."""
     return list(
         conn.execute(
-            select(workers.c.hostname, workers.c.pid)
+            select(workers.c.id, workers.c.hostname, workers.c.pid)
             .join(jobs, jobs.c.id == workers.c.job_id)
             .where(
                 jobs.c.name.in_(list(names)),

@@ -5,7 +5,8 @@ lease ends (30 s by default) unless something knows sooner that it is gone. Two
 things do:
 
 - On one host, its process: the pid a worker registered is checked (``is_dead``,
-  given by the caller: :func:`local_process_is_dead`).
+  given by the caller: :func:`local_process_is_dead`). On PostgreSQL a worker
+  with a session lock is judged by its session (see :func:`dead_workers`).
 - On PostgreSQL, its session. Each worker holds a session-level advisory lock,
   keyed by its worker id, on a connection of its own for as long as it runs
   (:class:`SessionLock`); the server releases it the moment that session ends (the
@@ -105,7 +106,9 @@ def local_process_is_dead(hostname: str, pid: int) -> bool:
     """Whether a worker that registered from ``hostname``/``pid`` is certainly gone.
 
     Only processes of this host can be checked; a worker elsewhere is waited
-    for until its leases expire.
+    for until its leases expire. A host is known by its name only, which a
+    container with the host's network shares: on PostgreSQL, :func:`dead_workers`
+    asks the session of a worker that holds one instead.
     """
     if hostname != socket.gethostname():
         return False
@@ -150,11 +153,24 @@ def dead_workers(
     is_dead: Callable[[str, int], bool],
 ) -> dict[str, str]:
     """Of ``rows`` (worker id, hostname, pid), those certainly gone, with why:
-    ``process gone`` (this host's pid check) or ``session gone`` (PostgreSQL)."""
-    found = {wid: "process gone" for wid, host, pid in rows if is_dead(host, pid)}
-    if conn.dialect.name == "postgresql":
-        rest = [wid for wid, _h, _p in rows if wid not in found]
-        found.update(dict.fromkeys(sessions_gone(conn, rest), "session gone"))
+    ``process gone`` (this host's pid check) or ``session gone`` (PostgreSQL).
+
+    On PostgreSQL a worker that holds its session lock (an id with :data:`MARK`) is
+    gone only when its session is: a host name is not a host. A worker in a container
+    that shares this host's name (``--network host``, a fixed ``hostname:``) or on
+    another machine of the same name runs in another pid namespace, where this host's
+    pid check finds no such process and would take a live worker's leases. Its
+    reason still says ``process gone`` when the pid check agrees."""
+    process_gone = {wid for wid, host, pid in rows if is_dead(host, pid)}
+    if conn.dialect.name != "postgresql":
+        return dict.fromkeys(process_gone, "process gone")
+    ended = sessions_gone(conn, [wid for wid, _h, _p in rows])
+    found = {
+        wid: "process gone"
+        for wid in process_gone
+        if not wid.endswith(MARK) or wid in ended  # older workers take no lock
+    }
+    found.update((wid, "session gone") for wid in ended if wid not in found)
     return found
 
 

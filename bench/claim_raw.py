@@ -216,13 +216,9 @@ def fill(url: str, rows: Sequence[NewRequest]) -> int:
 # -- the statements, recorded from the frontier ---------------------------------------------
 
 # Roles of the statements a claim + ack sends; anything else stops the benchmark.
-BEGIN, CANDIDATES, LEASE_DUE, LEASE, LEASED, HELD, SETTLE, NOTHING_DUE, COMMIT = (
+BEGIN, LEASE_DUE, SETTLE, NOTHING_DUE, COMMIT = (
     "begin",
-    "candidates",
     "lease-due",
-    "lease",
-    "leased",
-    "held",
     "settle",
     "nothing-due",
     "commit",
@@ -237,26 +233,14 @@ def role_of(sql: str) -> str:
         return BEGIN
     if sql.startswith("WITH done AS (UPDATE reliability_requests AS r SET state = "):
         return SETTLE_SINGLE
-    if sql.startswith("UPDATE reliability_requests SET state = s.state"):
-        return SETTLE_SINGLE  # SQLite's: the settlements as one JSON text
     if sql.startswith("WITH due AS (SELECT id, domain, priority, claim_order FROM "):
         return LEASE_DUE
     if sql.startswith("UPDATE reliability_requests SET state = 'leased'") and (
         "WHERE id IN (SELECT id FROM (SELECT id, domain" in sql
     ):
         return LEASE_DUE  # SQLite's: the lease of the candidates, one statement
-    if "SELECT id, domain, priority, claim_order FROM reliability_requests" in sql:
-        return CANDIDATES
-    if sql.startswith("UPDATE reliability_requests SET state = 'leased'"):
-        return LEASE
-    if sql.startswith("SELECT json_group_array(json_array(id, fingerprint"):
-        return LEASED
-    if sql.startswith("SELECT json_group_array(id) FROM reliability_requests"):
-        return HELD
-    if sql.startswith("UPDATE reliability_requests SET state = ?") or sql.startswith(
-        "UPDATE reliability_requests SET state = %s"
-    ):
-        return SETTLE
+    if sql.startswith("UPDATE reliability_requests SET state = ?"):
+        return SETTLE  # SQLite's ack of one claim: its ids and its token
     if "GROUP BY reliability_requests.state" in sql:
         return NOTHING_DUE
     raise SystemExit(
@@ -297,25 +281,12 @@ def build_params(
 ) -> Any:
     """The parameters the frontier binds for ``role`` (checked against the recording)."""
     sqlite = backend == "sqlite"
-    if role == CANDIDATES:
-        return (job, now, job, now, limit)
     if role == LEASE_DUE:
         if sqlite:
             return (token, WORKER, now + LEASE_SECONDS, now, job, now, job, now, limit)
         return (job, now, job, now, limit, token, WORKER, now + LEASE_SECONDS, now)
-    if role == LEASE:
-        expires = now + LEASE_SECONDS
-        return (
-            (token, WORKER, expires, now, *ids)
-            if sqlite
-            else (token, WORKER, expires, now, list(ids))
-        )
-    if role == LEASED:
-        return tuple(ids)
-    if role == HELD:
-        return (*ids, token)
     if role == SETTLE:
-        return ("done", now, *ids, token) if sqlite else ("done", now, list(ids), token)
+        return ("done", now, *ids, token)
     if role == SETTLE_SINGLE:
         return (now, _settles_json(ids, token))
     if role == BEGIN:
@@ -326,12 +297,6 @@ def build_params(
 def _settles_json(ids: Sequence[int], token: str) -> str:
     """The settlements of the one-statement write, as the frontier passes them."""
     return json.dumps([[i, token, "done"] for i in ids], separators=(",", ":"))
-
-
-def _single_claim(sql: str) -> bool:
-    """The lease of due rows as the one-statement write sends it: its one row holds
-    the claimed rows as a JSON array (its third column)."""
-    return "json_agg(json_build_array(" in sql
 
 
 def record(url: str, backend: str, rows: Sequence[NewRequest], batch: int) -> Script:
@@ -573,17 +538,10 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
                     if sqlite:  # one statement, its own transaction (autocommit)
                         params = (*params[5:], *params[:5])
                         ids = [r[0] for r in conn.execute(sql, params).fetchall()]
-                    elif _single_claim(sql):
+                    else:  # one statement in autocommit: the rows as its third column
                         ids = [r[0] for r in _autocommit(conn, sql, params)[2] or ()]
-                    else:
-                        ids = [r[0] for r in conn.execute(sql, params).fetchall()]
-                elif sqlite:
-                    found = conn.execute(sql, (job, now, job, now, batch)).fetchone()[0]
-                    found = json.loads(found) if found else []
-                    found.sort(key=lambda r: (-r[2], r[0]))  # claim order, as the frontier
-                    ids = [r[0] for r in found]
                 else:
-                    ids = [r[0] for r in conn.execute(sql, (job, now, job, now, batch)).fetchall()]
+                    raise AssertionError(role)
             kind = "full" if len(ids) == batch else "partial" if ids else "empty"
             for step in claim_tail[kind]:
                 if step.role == AUTOCOMMIT:
@@ -594,14 +552,6 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
                     conn.commit()
                 elif step.role == BEGIN:  # the rest of a short claim, in a transaction
                     conn.execute(step.sql).close()
-                elif step.role == LEASE:
-                    expires = now + LEASE_SECONDS
-                    if sqlite:
-                        conn.execute(step.sql, (token, WORKER, expires, now, *ids)).close()
-                    else:
-                        conn.execute(step.sql, (token, WORKER, expires, now, ids)).fetchall()
-                elif step.role == LEASED:
-                    json.loads(conn.execute(step.sql, ids).fetchone()[0])
                 elif step.role == NOTHING_DUE:
                     conn.execute(step.sql, step.params).fetchall()
                 else:
@@ -614,20 +564,10 @@ def run_raw(backend: str, target: str, job: int, batch: int, script: Script) -> 
                 if role == AUTOCOMMIT:
                     continue
                 calls += 1
-                if role == COMMIT:
-                    calls += not sqlite
-                    conn.commit()
-                elif role == BEGIN:
-                    conn.execute(sql).close()
-                elif role == HELD:
-                    held = set(json.loads(conn.execute(sql, (*ids, token)).fetchone()[0]))
-                elif role == SETTLE:
-                    params = ("done", now, *ids, token) if sqlite else ("done", now, ids, token)
+                if role == SETTLE and sqlite:  # its own transaction (autocommit)
+                    params = ("done", now, *ids, token)
                     held = {r[0] for r in conn.execute(sql, params).fetchall()}
-                elif role == SETTLE_SINGLE and sqlite:  # its own transaction (autocommit)
-                    params = (now, _settles_json(ids, token))
-                    held = {r[0] for r in conn.execute(sql, params).fetchall()}
-                elif role == SETTLE_SINGLE:
+                elif role == SETTLE_SINGLE and not sqlite:
                     held = set(_autocommit(conn, sql, (now, _settles_json(ids, token)))[1] or ())
                 else:
                     raise AssertionError(role)
@@ -662,7 +602,7 @@ def _split_claims(script: Script) -> tuple[list[tuple[str, str]], dict[str, list
     head: list[tuple[str, str]] | None = None
     tails: dict[str, list[Step]] = {}
     for kind, steps in script.claim.items():
-        cut = next(i for i, s in enumerate(steps) if s.role in (CANDIDATES, LEASE_DUE)) + 1
+        cut = next(i for i, s in enumerate(steps) if s.role == LEASE_DUE) + 1
         this = [(s.role, s.sql) for s in steps[:cut]]
         if head is not None and this != head:
             raise SystemExit("claim_raw: claims differ before their candidates")

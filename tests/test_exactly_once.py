@@ -23,6 +23,7 @@ import pytest
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 from tests.crawling import (
     Crawl,
+    count_lines,
     crawl_with_kills,
     make_project,
     read_jsonl,
@@ -301,3 +302,39 @@ def test_an_item_a_feed_cannot_write_costs_its_line_only(tmp_path: Path, site: S
     assert log.count("A feed could not write an item") == hosts, log[-3000:]
     assert f"'reliability/feeds/errors': {hosts}" in log
     assert "finished: no request is pending or leased" in log, log[-3000:]
+
+
+def test_a_feed_file_of_an_unfinished_job_is_not_another_job_s(
+    tmp_path: Path, site: SiteProcess
+) -> None:
+    """Two JOBDIRs, one FEEDS file: job A killed mid-crawl, then job B. B does not
+    start (one line; nothing fetched, the file unchanged): A's resume would cut the
+    file back to A's last ack, and B's items with it. A resumes and finishes with each
+    of its items once; then B appends its own after them."""
+    project = make_project(tmp_path)
+    feed = tmp_path / "shared.jsonl"
+    feeds = "FEEDS=" + json.dumps({str(feed): {"format": "jsonlines"}})
+    a = Crawl(project, site.start_urls(), feeds, "ITEM_PIPELINES={}", f"JOBDIR={tmp_path / 'A'}")
+    b = Crawl(project, site.start_urls(), feeds, "ITEM_PIPELINES={}", f"JOBDIR={tmp_path / 'B'}")
+    assert signal_when(a.start(), site.log_path, 150) == -signal.SIGKILL
+    size, fetched = feed.stat().st_size, count_lines(site.log_path)
+    b.runs = a.runs
+    code = b.run()
+    refused = b.log()
+    lines = [line for line in refused.splitlines() if "Cannot start the crawl: feed" in line]
+    print(lines[0] if lines else refused[-2000:])
+    assert code == 1 and len(lines) == 1, refused[-3000:]
+    assert "belongs to job 'pages@A', which has not finished" in lines[0]
+    assert "Traceback" not in refused
+    assert (feed.stat().st_size, count_lines(site.log_path)) == (size, fetched)
+    a.runs = b.runs
+    assert a.run() == 0, a.log()[-3000:]
+    assert "Resuming job" in a.log()
+    every = PAGES * len(site.hosts)
+    items = Counter(read_feed(feed, "jsonlines"))
+    assert (len(items), sum(items.values())) == (every, every)
+    assert not list(tmp_path.glob(".shared.jsonl*")), "the marker outlived the job"
+    b.runs = a.runs
+    assert b.run() == 0, b.log()[-3000:]
+    items = Counter(read_feed(feed, "jsonlines"))
+    assert (len(items), sum(items.values())) == (every, 2 * every)

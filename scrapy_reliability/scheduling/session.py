@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scrapy import Request, Spider, signals
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
 from scrapy_reliability import _feeds, _jobs
@@ -25,7 +25,7 @@ from scrapy_reliability.frontier import FrontierError, JobFinished
 from scrapy_reliability.frontier.dialect import redact
 from scrapy_reliability.frontier.schema import JOB_RUNNING
 from scrapy_reliability.frontier.store import UNPROCESSED_CLASSES
-from scrapy_reliability.scheduling import engine, jobdb, start_lines, stock_jobdir
+from scrapy_reliability.scheduling import engine, feed_owner, jobdb, start_lines, stock_jobdir
 from scrapy_reliability.scheduling.claims import ClaimBuffer
 from scrapy_reliability.scheduling.crawl_context import Context
 from scrapy_reliability.scheduling.heartbeat import Heartbeat, report_db
@@ -82,6 +82,16 @@ class Session:
         _feeds.repair_line_feeds(settings.getdict("FEEDS"))
         ctx.feed_exporters = engine.feed_exporters(ctx.crawler)
         feeds = ctx.feed_output.prepare()
+        try:
+            feed_owner.check(ctx.feed_output.feeds, name)
+        except feed_owner.FeedTaken as exc:
+            # Before anything is opened or written: said in one line, and the crawl
+            # ends at once, as when opening the job fails (_open_failed).
+            self._shutdown()
+            logger.error("Cannot start the crawl: %(error)s", {"error": exc}, extra=ctx.log())
+            self.job_finished = True
+            self._end_incomplete("feed_taken")
+            return succeed(None)
         stock = self._stock_jobdir(spider)
         d = ctx.db.deferred(
             jobdb.open_job,
@@ -169,6 +179,7 @@ class Session:
             self._frozen = True
         job, recovered, counts = opened.job, opened.recovered, opened.counts
         ctx.feed_output.opened(opened.feeds)
+        feed_owner.take(ctx.feed_output.feeds, job.name)
         ctx.frontier = opened.frontier
         ctx.session_lock = opened.session_lock
         self.outcomes.peers.update(opened.peers)
@@ -393,6 +404,7 @@ class Session:
             )
             self._end_incomplete("incomplete")
         else:
+            feed_owner.release(self.ctx.feed_output.feeds, job)
             logger.info(
                 "Job %(job)s finished: no request is pending or leased",
                 {"job": job},

@@ -401,6 +401,28 @@ def test_doctor_and_status_on_an_unreachable_database_never_print_the_password(
     assert "database  fail" in doctor.stdout
 
 
+def test_dead_letters_of_requests_no_server_answered_are_selected_by_class(
+    frontier_url: str, tmp_path: Path
+) -> None:
+    """``--error-class`` takes every class a dead letter has: a server's failures and
+    the requests no server answered (refused, corrupt, incompatible)."""
+    frontier = Frontier.connect(frontier_url, exclusive=False)
+    try:
+        job = frontier.open_job(JOB, SCHEME).id
+        add(frontier, job, [new("http://dead.test/corrupt")])
+        (bad,) = frontier.claim(job, WORKER, 1, lease_seconds=LEASE).rows
+        buried = Transition(bad.id, bad.token, Outcome.DEAD, error="x", error_class="corrupt")
+        frontier.write(job, WriteBatch(transitions=[buried]))
+    finally:
+        frontier.close()
+    common = ["--database-url", frontier_url, "--job", JOB]
+    listed = as_json(frontier_cmd(tmp_path, "dead", *common, "--error-class", "corrupt", "--json"))
+    assert [d["url"] for d in listed["dead_letters"]] == ["http://dead.test/corrupt"]
+    for verb in (["requeue", "--dry-run"], ["purge", "--dead-letters", "--dry-run"]):
+        result = frontier_cmd(tmp_path, *verb, *common, "--error-class", "refused,incompatible")
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_status_of_a_frontier_that_does_not_exist(tmp_path: Path) -> None:
     result = frontier_cmd(tmp_path, "status", "--database-url", f"sqlite:///{tmp_path}/no.sqlite")
     assert result.returncode == 1

@@ -22,6 +22,7 @@ from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.errors import FrontierUnavailable, SchemaError, first_line
 from scrapy_reliability.frontier.inspect import DeadFilter, Inspector, JobInfo
 from scrapy_reliability.frontier.politeness import Politeness
+from scrapy_reliability.frontier.records import UNPROCESSED_CLASSES
 from scrapy_reliability.frontier.schema import ERROR_CLASSES
 from scrapy_reliability.frontier.tombstone import JobMoved, Tombstone
 from scrapy_reliability.retrypass import parse_duration
@@ -110,9 +111,11 @@ class Context:
 
     def dead_filter(self) -> DeadFilter:
         classes = self.split(self.opts.error_class)
-        unknown = [c for c in classes if c not in ERROR_CLASSES]
+        # A server's failures, and requests no server answered (UNPROCESSED_CLASSES).
+        valid = (*ERROR_CLASSES, *UNPROCESSED_CLASSES)
+        unknown = [c for c in classes if c not in valid]
         if unknown:
-            raise UsageError(f"unknown error class {unknown[0]!r}: use {', '.join(ERROR_CLASSES)}")
+            raise UsageError(f"unknown error class {unknown[0]!r}: use {', '.join(valid)}")
         older = self.opts.older_than
         return DeadFilter(
             error_classes=tuple(classes),

@@ -156,7 +156,8 @@ class FrontierCommand(ScrapyCommand):
             action="append",
             default=[],
             metavar="CLASS",
-            help="dead, requeue, purge: only this error class (repeat or comma-separate)",
+            help="dead, requeue, purge: only this error class: transient, throttled, "
+            "permanent, refused, corrupt, incompatible (repeat or comma-separate)",
         )
         group.add_argument(
             "--domain",

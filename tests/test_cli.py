@@ -423,6 +423,24 @@ def test_dead_letters_of_requests_no_server_answered_are_selected_by_class(
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.crawl
+def test_a_reader_that_goes_away_costs_no_traceback(states: States, frontier_url: str) -> None:
+    """``scrapy frontier status ... | head``: a reader that closes the pipe before
+    the command writes ends the command quietly (exit status 1), not in a traceback."""
+    where = ["--database-url", frontier_url, "--job", JOB]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scrapy.cmdline", "frontier", "status", *where],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the command has written a line
+    err = proc.stderr.read().decode(errors="replace")
+    assert proc.wait(timeout=60) == 1, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
 def test_status_of_a_frontier_that_does_not_exist(tmp_path: Path) -> None:
     result = frontier_cmd(tmp_path, "status", "--database-url", f"sqlite:///{tmp_path}/no.sqlite")
     assert result.returncode == 1

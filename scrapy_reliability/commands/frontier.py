@@ -38,6 +38,8 @@ Tables for people; ``--json`` prints one JSON document for scripts (errors too:
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -274,12 +276,19 @@ class FrontierCommand(ScrapyCommand):
         context = Context(self.settings, opts)
         try:
             result = handler(context, args[1:])
+            sys.stdout.flush()  # a closed pipe is found here, not at exit
         except (CommandFailed, FrontierError, SettingError, ReportAssetMissing) as exc:
             context.fail(str(exc))
             self.exitcode = 1
             return
         except SQLAlchemyError as exc:
             context.fail(f"the frontier database failed: {first_line(exc) or type(exc).__name__}")
+            self.exitcode = 1
+            return
+        except BrokenPipeError:
+            # The reader went away (``| head``): stop quietly, as other command-line
+            # tools do. What is left to flush at exit goes nowhere, not into a traceback.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             self.exitcode = 1
             return
         finally:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -27,7 +29,7 @@ from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transitio
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
 from scrapy_reliability.frontier.schema import dead_letters, jobs, requests
 from tests.cli_runner import run_in_process
-from tests.crawling import REPO
+from tests.crawling import REPO, make_project
 from tests.frontier_helpers import add, dead_letters_of, lease_of
 
 JOB = "shop"
@@ -439,6 +441,51 @@ def test_a_reader_that_goes_away_costs_no_traceback(states: States, frontier_url
     err = proc.stderr.read().decode(errors="replace")
     assert proc.wait(timeout=60) == 1, err
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_a_suggested_command_names_the_job_this_one_chose(
+    frontier_url: str, tmp_path: Path
+) -> None:
+    """The command a pause or a limit suggests repeats what chose the database and the
+    job (--database-url, --job), so that running it as printed acts on the same job."""
+    frontier = Frontier.connect(frontier_url, exclusive=False)
+    try:
+        frontier.open_job("fleet", SCHEME)
+    finally:
+        frontier.close()
+    where = ["--database-url", frontier_url, "--job", "fleet"]
+
+    def domain() -> dict[str, Any]:
+        (shown,) = as_json(frontier_cmd(tmp_path, "domains", *where, "--json"))["domains"]
+        return dict(shown)
+
+    changes = (("pause", [], "paused_until"), ("limit", ["--rate", "2"], "set_limit"))
+    for verb, extra, key in changes:
+        said = frontier_cmd(tmp_path, verb, *where, "--domain", "shop.test", *extra)
+        assert said.returncode == 0, said.stdout + said.stderr
+        assert domain()[key]
+        (hint,) = re.findall(r"`(scrapy frontier [^`]+)`", said.stdout)
+        print(hint)
+        assert "<spider>" not in hint and "--job fleet" in hint, hint
+        again = frontier_cmd(tmp_path, *shlex.split(hint)[2:])
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert not domain()[key], (hint, again.stdout)
+
+
+def test_a_suggested_crawl_repeats_the_jobdir(tmp_path: Path) -> None:
+    """`add` with ``-s JOBDIR=...`` suggests the crawl of that JOBDIR, not the spider's
+    default job."""
+    project = make_project(tmp_path)
+    jobdir = tmp_path / "crawls" / "mine"
+    jobdir.mkdir(parents=True)
+    frontier = Frontier.connect(f"sqlite:///{jobdir / 'reliability.sqlite'}")
+    try:
+        frontier.open_job("pages@mine", SCHEME)
+    finally:
+        frontier.close()
+    said = frontier_cmd(project, "add", "pages", "-s", f"JOBDIR={jobdir}", "http://a.test/x")
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert f"`scrapy crawl pages -s JOBDIR={jobdir}` does" in said.stdout, said.stdout
 
 
 def test_status_of_a_frontier_that_does_not_exist(tmp_path: Path) -> None:

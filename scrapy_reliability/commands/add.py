@@ -103,13 +103,13 @@ def _say(ctx: Context, spider: str | None, summary: dict[str, Any]) -> None:
         ctx.out(f"  refused: {item['url']}: {item['reason']}")
     if summary["reopened"]:
         ctx.out(
-            f"Job {job} had finished: it runs again for them; `scrapy crawl {spider}` "
+            f"Job {job} had finished: it runs again for them; `{ctx.again(spider)}` "
             "fetches them and finishes it."
         )
     elif summary["added"]:
         ctx.out(
             "Live PostgreSQL workers claim them within a second; otherwise "
-            f"`scrapy crawl {spider}` does."
+            f"`{ctx.again(spider)}` does."
         )
 
 

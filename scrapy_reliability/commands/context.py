@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,12 @@ class JobGone(CommandFailed):
 
 def _your_password(moved: Tombstone) -> str:
     return ", your password for ***" if moved.masked else ""
+
+
+#: The settings that choose a job's database and the job (repeated by Context.again),
+#: and the option of ``scrapy frontier`` that each has.
+_CHOOSING = ("JOBDIR", "RELIABILITY_DATABASE_URL", "RELIABILITY_JOB")
+_OPTIONS = {"RELIABILITY_DATABASE_URL": "--database-url", "RELIABILITY_JOB": "--job"}
 
 
 class Context:
@@ -96,6 +103,34 @@ class Context:
 
     def _setting_url(self) -> str | None:
         return Config.from_settings(self.settings).database_url
+
+    def again(self, spider: str | None, verb: str = "crawl", *rest: str) -> str:
+        """A command to suggest, for the job this one chose: ``scrapy crawl SPIDER`` or
+        ``scrapy frontier VERB [SPIDER] REST...``, with the options and ``-s`` settings
+        that chose its database and job repeated (passwords shown as ``***``)."""
+        chosen: list[tuple[str, str]] = []
+        for item in getattr(self.opts, "set", None) or []:
+            key, _, value = str(item).partition("=")
+            if key in _CHOOSING:
+                chosen.append((key, value))
+        if self.opts.database_url:
+            chosen.append(("RELIABILITY_DATABASE_URL", self.opts.database_url))
+        if self.opts.job:
+            chosen.append(("RELIABILITY_JOB", self.opts.job))
+        words = []
+        for key, value in chosen:
+            shown = dialect.redact(value) if key == "RELIABILITY_DATABASE_URL" else value
+            if verb != "crawl" and key in _OPTIONS:
+                words += [_OPTIONS[key], shlex.quote(shown)]
+            else:
+                words += ["-s", shlex.quote(f"{key}={shown}")]
+        if verb == "crawl":
+            head = ["scrapy", "crawl", spider or "<spider>"]
+        elif spider or not words:
+            head = ["scrapy", "frontier", verb, spider or "<spider>"]
+        else:  # --database-url and --job name the job
+            head = ["scrapy", "frontier", verb]
+        return " ".join([*head, *words, *rest])
 
     @staticmethod
     def split(values: list[str]) -> list[str]:

@@ -4,6 +4,7 @@ slot; due; never seen), found by the crawl's fingerprint of the URL or by URL.""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -58,7 +59,7 @@ def explain_urls(ctx: Context, args: list[str]) -> None:
                 {
                     "url": url,
                     "reason": exp.reason,
-                    "message": _explain_text(exp, ctx.now, spider or job.name),
+                    "message": _explain_text(exp, ctx.now, functools.partial(ctx.again, spider)),
                     "until": exp.until,
                     "request_id": exp.request.id,
                     "state": exp.request.state,
@@ -79,7 +80,8 @@ def explain_urls(ctx: Context, args: list[str]) -> None:
             ctx.out(f"  limits of its domain: {domain_limits_text(domain_limits)}")
 
 
-def _explain_text(exp: Explanation, now: float, spider: str) -> str:
+def _explain_text(exp: Explanation, now: float, again: Callable[..., str]) -> str:
+    """What ``exp`` says, in a line; ``again(verb, *args)`` is a command for its job."""
     row = exp.request
     attempts = f"{row.attempts} failed attempt{'s' if row.attempts != 1 else ''}"
     if row.state == "dead":
@@ -99,8 +101,7 @@ def _explain_text(exp: Explanation, now: float, spider: str) -> str:
         return (
             f"since {when(row.updated_at, now)}: {row.error_class} ({status}"
             f"{row.last_error}) after {attempts} (request {row.id}). Requeue it with "
-            f"`scrapy frontier requeue {spider} --error-class {row.error_class} --domain "
-            f"{row.domain}`."
+            f"`{again('requeue', '--error-class', row.error_class, '--domain', row.domain)}`."
         )
     if exp.reason in ("leased", "lease_expired"):
         who = row.worker_id or "?"
@@ -122,7 +123,7 @@ def _explain_text(exp: Explanation, now: float, spider: str) -> str:
             f"{exp.ahead} due requests are claimed before it"
         )
         if not exp.live_workers:
-            text_ += f"; no worker is running: `scrapy crawl {spider}` resumes the job"
+            text_ += f"; no worker is running: `{again()}` resumes the job"
         return text_
     parts = []
     for b in exp.blockers:

@@ -38,7 +38,7 @@ def requeue_dead(ctx: Context, args: list[str]) -> None:
     elif count:
         ctx.out(
             f"Requeued {count} dead requests of job {job.name} (fresh attempt budget); "
-            f"`scrapy crawl {spider or '<spider>'}` with the same settings crawls them."
+            f"`{ctx.again(spider)}` with the same settings crawls them."
         )
     else:
         ctx.out(f"No dead request of job {job.name} matches; nothing requeued.")

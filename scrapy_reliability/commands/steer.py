@@ -68,7 +68,7 @@ def pause_domains(ctx: Context, args: list[str]) -> None:
     ctx.out(
         f"Paused {', '.join(names)} in job {job.name} {shown}: no request to it starts "
         "(live PostgreSQL workers see it within a second; requests already sent finish). "
-        f"`scrapy frontier resume {spider or '<spider>'} --domain {names[0]}` ends it."
+        f"`{ctx.again(spider, 'resume', '--domain', names[0])}` ends it."
     )
 
 
@@ -148,7 +148,7 @@ def limit_domains(ctx: Context, args: list[str]) -> None:
     ctx.out(
         "They hold for every worker (live PostgreSQL workers within a second), over the "
         "configured and learned limits, and in the job's next runs; "
-        f"`scrapy frontier limit {spider or '<spider>'} --domain {names[0]} --reset` "
+        f"`{ctx.again(spider, 'limit', '--domain', names[0], '--reset')}` "
         "removes them."
     )
 
@@ -201,7 +201,7 @@ def stop_job(ctx: Context, args: list[str]) -> None:
     if not asked:
         ctx.out(f"No worker of job {job.name} is running: nothing to stop.")
         return
-    resume = f"scrapy crawl {spider}" if spider else "the same crawl command"
+    resume = ctx.again(spider) if spider else "the same crawl command"
     if not left:
         ctx.out(
             f"Stopped job {job.name}: {len(gone)} workers closed (requests in flight finished, "

@@ -47,9 +47,13 @@ def _positive_float(
 ) -> float:
     """A finite number of seconds greater than 0 (and at most ``maximum``)."""
     raw = _raw(settings, name, default)
-    value = _float_in(name, raw, "a number of seconds", 0.0, maximum)
+    accepts = _range("a number of seconds greater than 0", None, maximum)
+    try:
+        value = _float_in(name, raw, "a number of seconds", 0.0, maximum)
+    except SettingError:
+        raise _error(name, accepts, raw) from None  # one range, whatever was wrong
     if value == 0:
-        raise _error(name, _range("a number of seconds greater than 0", None, maximum), raw)
+        raise _error(name, accepts, raw)
     return value
 
 

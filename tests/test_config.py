@@ -616,3 +616,14 @@ def test_the_public_settings_module_reads_as_the_package_reads() -> None:
         "nonnegative_float",
         "positive_int",
     ]
+
+
+@pytest.mark.parametrize("value", ["abc", -5, 1e9, 0])
+def test_a_duration_that_must_be_positive_says_one_range_whatever_is_wrong(value):
+    """Not a number, below 0, above the bound and 0 itself get the same words: none
+    says that 0 is allowed when it is not."""
+    with pytest.raises(SettingError) as caught:
+        Config.from_settings(Settings({"RELIABILITY_STORAGE_GIVE_UP_SECONDS": value}))
+    message = str(caught.value)
+    assert "greater than 0, at most 86400" in message, message
+    assert "from 0" not in message, message

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine, make_url, select
 
 from scrapy_reliability.frontier import Frontier, NewRequest, Outcome, Transition, WriteBatch
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness
@@ -401,6 +401,23 @@ def test_doctor_and_status_on_an_unreachable_database_never_print_the_password(
         assert "s3cret" not in output and "Traceback" not in output
         assert "127.0.0.1:1" in output
     assert "database  fail" in doctor.stdout
+
+
+@pytest.mark.postgres
+def test_a_command_on_a_missing_database_says_what_to_do_and_names_its_option(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """`status` and `requeue` on a PostgreSQL database that does not exist say so, as a
+    crawl does, and name --database-url (what gave the URL), not the setting."""
+    url = make_url(postgres_url).set(database="reliability_no_such_db", password="s3cret")
+    given = url.render_as_string(hide_password=False)
+    for verb in ("status", "requeue"):
+        result = frontier_cmd(tmp_path, verb, "--database-url", given, "--job", "x")
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, output
+        assert "has no database 'reliability_no_such_db': create it" in output, output
+        assert "in --database-url postgresql+psycopg://" in output, output
+        assert "s3cret" not in output and "Traceback" not in output, output
 
 
 def test_dead_letters_of_requests_no_server_answered_are_selected_by_class(

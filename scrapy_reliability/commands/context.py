@@ -14,7 +14,7 @@ from scrapy.exceptions import UsageError
 from scrapy.settings import BaseSettings
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from scrapy_reliability import _jobs
 from scrapy_reliability.config import Config
@@ -218,15 +218,19 @@ class Context:
                 f"no frontier at {database}: nothing was crawled with these settings yet "
                 "(check the spider name, JOBDIR and RELIABILITY_DATABASE_URL)"
             )
-        engine = self.engine(url)
+        given_by = "--database-url" if self.opts.database_url else dialect.URL_SETTING
+        engine = self.engine(url, given_by=given_by)
         try:
             current = migrate.current_revision(engine)
+        except OperationalError as exc:
+            # What is wrong and what to do, as a crawl says it (a missing database, a
+            # refused login, a server that cannot be reached), naming what gave the URL.
+            raise migrate.unavailable(parsed, exc, given_by=given_by) from None
         except SQLAlchemyError as exc:
             raise FrontierUnavailable(
                 f"cannot open the frontier database {self.shown_url}: "
-                f"{first_line(exc) or type(exc).__name__}. "
-                "Check RELIABILITY_DATABASE_URL (host, port, database name, credentials) and "
-                "that the server is running."
+                f"{first_line(exc) or type(exc).__name__}. Check {given_by} (host, port, "
+                "database name, credentials) and that the server is running."
             ) from None
         head = migrate.head_revision()
         if current is None:

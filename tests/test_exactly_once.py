@@ -324,7 +324,7 @@ def test_a_feed_file_of_an_unfinished_job_is_not_another_job_s(
     lines = [line for line in refused.splitlines() if "Cannot start the crawl: feed" in line]
     print(lines[0] if lines else refused[-2000:])
     assert code == 1 and len(lines) == 1, refused[-3000:]
-    assert "belongs to job 'pages@A', which has not finished" in lines[0]
+    assert "belongs to job 'pages@A', which had not finished" in lines[0]
     assert "Traceback" not in refused
     assert (feed.stat().st_size, count_lines(site.log_path)) == (size, fetched)
     a.runs = b.runs

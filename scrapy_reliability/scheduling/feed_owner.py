@@ -65,11 +65,11 @@ def check(feeds: Sequence[ExactFeed], job: str) -> None:
             continue
         whose = "a job this crawl cannot name" if found == "?" else f"job {found!r}"
         raise FeedTaken(
-            f"feed {feed.path} belongs to {whose}, which has not finished: when it "
-            f"resumes it cuts the file back to its last committed ack, and what job "
-            f"{job!r} wrote after that would go. Give this job a feed file of its own "
-            f"(FEEDS), or, if that job will not run again, delete {marker(feed.path)} "
-            f"to hand the file to this one"
+            f"feed {feed.path} belongs to {whose}, which had not finished when it last "
+            f"wrote it here: a resume of it cuts the file back to its last committed ack, "
+            f"and what job {job!r} wrote after that would go. Give this job a feed file "
+            f"of its own (FEEDS), or, if that job has finished or will not run again, "
+            f"delete {marker(feed.path)} to hand the file to this one"
         )
 
 
@@ -83,6 +83,8 @@ def take(feeds: Sequence[ExactFeed], job: str) -> None:
             continue
         partial = path.with_name(f"{path.name}.{os.getpid()}")
         try:
+            # Scrapy's file storage makes the directory when it opens the file, later.
+            path.parent.mkdir(parents=True, exist_ok=True)
             partial.write_bytes(body)
             os.replace(partial, path)
         except OSError as exc:

@@ -6,6 +6,7 @@ settings; every such decision is named in the run's first lines."""
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -15,7 +16,15 @@ import pytest
 from scrapy_reliability.frontier import Frontier
 from scrapy_reliability.frontier.schema import requests
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
-from tests.crawling import Crawl, count_lines, make_project, pages_in, signal_when
+from tests.crawling import (
+    Crawl,
+    count_lines,
+    make_project,
+    pages_in,
+    read_jsonl,
+    signal_when,
+)
+from tests.test_cli import frontier_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +110,9 @@ def test_the_same_command_night_after_night(
         assert pages_in(tmp_path / "4.jl") == pages
         opening = addon_lines(four.log())[0]
         assert f"New run 4 of job {job}" in opening
-        assert "the rows of 2 older runs were deleted" in opening, opening
+        # Run 1's rows went when run 3 started (the night killed half-way); tonight
+        # run 2's: one run, counted once.
+        assert "the rows of 1 older run were deleted" in opening, opening
         # Runs 3 and 4 keep their rows; runs 1 and 2 (job ids 1 and 2) have none.
         by_run = rows_by_run(url)
         assert set(by_run) == {3, 4}, by_run
@@ -180,3 +191,39 @@ def test_a_lower_delay_tonight_resets_what_last_night_learned(
         assert f"{host} (limit" in reset, reset
     assert "its configured rate changed from 4/s to 20/s" in reset
     assert night_two <= 3 * fresh_time
+
+
+@pytest.mark.crawl
+def test_a_pause_made_between_nights_holds_in_the_next_run(tmp_path: Path) -> None:
+    """A domain paused from outside once the night's run finished: the next night, a
+    new run, fetches nothing of it, says so in one line with the command that ends
+    it, and that command, run as printed (with the JOBDIR), ends it."""
+    config = SiteConfig(pages=20)
+    jobdir = tmp_path / "job"
+    with SiteProcess(config, log_path=tmp_path / "site.jsonl") as site:
+        project = make_project(tmp_path)
+        paused = config.hosts[-1]
+        nightly = [f"JOBDIR={jobdir}", "CONCURRENT_REQUESTS=4"]
+        one = Crawl(project, site.start_urls(), *nightly)
+        assert one.run() == 0, one.log()[-2000:]
+        said = frontier_cmd(project, "pause", "pages", "-s", f"JOBDIR={jobdir}", "--domain", paused)
+        assert said.returncode == 0, said.stdout + said.stderr
+        before = count_lines(site.log_path)
+        # Night 2 waits on the paused domain: it ends when its time is up.
+        two = Crawl(project, site.start_urls(), *nightly, "CLOSESPIDER_TIMEOUT=8")
+        two.runs = one.runs
+        two.run()
+        night2 = read_jsonl(site.log_path)[before:]
+        assert night2 and not [e for e in night2 if e["host"] == paused], night2[:3]
+        kept = [line for line in addon_lines(two.log()) if "Pauses kept from the run" in line]
+        print(kept[0] if kept else addon_lines(two.log())[:6])
+        assert len(kept) == 1 and f"{paused} until resumed (paused by " in kept[0]
+        (hint,) = re.findall(r"`(scrapy frontier resume [^`]+)`", kept[0])
+        assert f"-s JOBDIR={jobdir}" in hint, hint
+        resumed = frontier_cmd(project, *shlex.split(hint)[2:])
+        assert resumed.returncode == 0 and "Resumed" in resumed.stdout, resumed.stdout
+        three = Crawl(project, site.start_urls(), *nightly)
+        three.runs = two.runs
+        assert three.run() == 0, three.log()[-2000:]
+        fetched = {e["host"] for e in read_jsonl(site.log_path)[before:]}
+        assert paused in fetched

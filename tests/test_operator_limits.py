@@ -12,9 +12,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from scrapy_reliability.frontier import Frontier, Outcome, Transition, WriteBatch, steering
+from scrapy_reliability.frontier import (
+    Frontier,
+    NewRequest,
+    Outcome,
+    Transition,
+    WriteBatch,
+    steering,
+)
 from scrapy_reliability.frontier import adaptive as ad
 from scrapy_reliability.frontier.politeness import DomainLimits, DomainState, Politeness
+from scrapy_reliability.frontier.records import UNTIL_RESUMED
 from scrapy_reliability.frontier.schema import domains
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
 from tests.crawling import make_project, pages_in, read_jsonl, shared_workers, wait_for_requests
@@ -114,6 +122,35 @@ def test_a_new_run_keeps_the_set_limits_and_a_bad_value_read_back_is_none(
         )
     again = frontier.open_job("nights", "s")
     assert again.set_limits == ()  # a value that is no limit is none: the settings hold
+
+
+def _request(domain: str) -> NewRequest:
+    return NewRequest(f"k-{domain}", 0, domain, f"http://{domain}/", "{}")
+
+
+def test_a_new_run_keeps_the_pauses_in_force_and_claims_nothing_of_them(
+    frontier: Frontier,
+) -> None:
+    """A pause made between nights (on a finished job) holds in the next run, as it
+    holds across a resume: "until resumed" and one with time left are kept with their
+    reasons; one that ended is not."""
+    job = frontier.open_job("paused", "s")
+    now = time.time()
+    engine = frontier.engine
+    steering.pause(engine, job.id, ["a.test"], until=now + UNTIL_RESUMED, who="o@h", now=now)
+    steering.pause(engine, job.id, ["b.test"], until=now + 7200, who="o@h", now=now)
+    steering.pause(engine, job.id, ["c.test"], until=now - 1, who="o@h", now=now - 60)
+    assert frontier.finish_job_if_complete(job.id)
+    night2 = frontier.open_job("paused", "s", restart_finished=True)
+    assert night2.id != job.id and not night2.resumed
+    shown = [p.text() for p in night2.pauses]
+    print(shown)
+    assert [p.domain for p in night2.pauses] == ["a.test", "b.test"]
+    assert shown[0].startswith("a.test until resumed (paused by o@h at ")
+    assert shown[1].startswith("b.test for 2.0 h more (paused by o@h at ")
+    add(frontier, night2.id, [_request(d) for d in ("a.test", "b.test", "c.test", "d.test")])
+    claimed = frontier.claim(night2.id, "w", 10, lease_seconds=30).rows
+    assert sorted(r.url.split("/")[2] for r in claimed) == ["c.test", "d.test"]
 
 
 @pytest.mark.crawl

@@ -191,7 +191,11 @@ def test_a_new_run_deletes_the_rows_of_runs_older_than_those_kept(frontier: Fron
     assert letters == {ids[2], ids[3]}
     assert history == 4  # a line per run stays
     assert rows == 2 * 3 + 2  # requests and dead letters (no domain row without limits)
-    assert frontier.prune_runs("pruned", keep=2) == (2, 0)  # nothing left to delete
+    assert frontier.prune_runs("pruned", keep=2) == (0, 0)  # nothing left to delete, none counted
+    # The next night: only the run that became old is counted, not those pruned before.
+    night5 = frontier.open_job("pruned", "s", restart_finished=True, now=5.0).id
+    add(frontier, night5, _rows("a.test", 1))
+    assert frontier.prune_runs("pruned", keep=2) == (1, 4)  # run 3: 3 requests, 1 dead letter
 
 
 @pytest.mark.crawl

@@ -52,12 +52,6 @@ def _your_password(moved: Tombstone) -> str:
     return ", your password for ***" if moved.masked else ""
 
 
-#: The settings that choose a job's database and the job (repeated by Context.again),
-#: and the option of ``scrapy frontier`` that each has.
-_CHOOSING = ("JOBDIR", "RELIABILITY_DATABASE_URL", "RELIABILITY_JOB")
-_OPTIONS = {"RELIABILITY_DATABASE_URL": "--database-url", "RELIABILITY_JOB": "--job"}
-
-
 class Context:
     """Settings, the database and output for one run of a subcommand."""
 
@@ -108,22 +102,18 @@ class Context:
         """A command to suggest, for the job this one chose: ``scrapy crawl SPIDER`` or
         ``scrapy frontier VERB [SPIDER] REST...``, with the options and ``-s`` settings
         that chose its database and job repeated (passwords shown as ``***``)."""
-        chosen: list[tuple[str, str]] = []
-        for item in getattr(self.opts, "set", None) or []:
-            key, _, value = str(item).partition("=")
-            if key in _CHOOSING:
-                chosen.append((key, value))
-        if self.opts.database_url:
-            chosen.append(("RELIABILITY_DATABASE_URL", self.opts.database_url))
-        if self.opts.job:
-            chosen.append(("RELIABILITY_JOB", self.opts.job))
-        words = []
-        for key, value in chosen:
-            shown = dialect.redact(value) if key == "RELIABILITY_DATABASE_URL" else value
-            if verb != "crawl" and key in _OPTIONS:
-                words += [_OPTIONS[key], shlex.quote(shown)]
-            else:
+        words = _jobs.chosen_on_command_line(self.settings)
+        for option, key, value in (
+            ("--database-url", "RELIABILITY_DATABASE_URL", self.opts.database_url),
+            ("--job", "RELIABILITY_JOB", self.opts.job),
+        ):
+            if not value:
+                continue
+            shown = dialect.redact(value) if option == "--database-url" else value
+            if verb == "crawl":
                 words += ["-s", shlex.quote(f"{key}={shown}")]
+            else:
+                words += [option, shlex.quote(shown)]
         if verb == "crawl":
             head = ["scrapy", "crawl", spider or "<spider>"]
         elif spider or not words:

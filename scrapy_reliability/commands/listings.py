@@ -16,12 +16,13 @@ from sqlalchemy import Engine
 from scrapy_reliability.commands.context import Context, JobGone
 from scrapy_reliability.commands.text import ago, clip, iso, size, table, when
 from scrapy_reliability.config import Config
-from scrapy_reliability.frontier import adaptive, audit, item_sink, liveness, steering
+from scrapy_reliability.frontier import adaptive, audit, item_sink, liveness
 from scrapy_reliability.frontier import feeds as frontier_feeds
 from scrapy_reliability.frontier.connections import reading
 from scrapy_reliability.frontier.disk_use import DiskUse, disk_use
 from scrapy_reliability.frontier.inspect import DomainInfo, WorkerInfo
 from scrapy_reliability.frontier.politeness import DomainLimits, Politeness, overridden
+from scrapy_reliability.frontier.records import UNTIL_RESUMED
 from scrapy_reliability.frontier.reports import learned_text
 from scrapy_reliability.frontier.schema import STATES
 from scrapy_reliability.frontier.tombstone import Tombstone
@@ -379,7 +380,7 @@ def _limits_of(d: DomainInfo, limits: Politeness) -> DomainLimits:
 
 
 def _paused_text(until: float, now: float) -> str:
-    return "until resumed" if until - now > steering.UNTIL_RESUMED / 2 else when(until, now)
+    return "until resumed" if until - now > UNTIL_RESUMED / 2 else when(until, now)
 
 
 def _worker_json(w: WorkerInfo, ctx: Context, state: str) -> dict[str, Any]:

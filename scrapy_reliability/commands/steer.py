@@ -25,6 +25,7 @@ from scrapy_reliability.frontier import audit, dialect, steering
 from scrapy_reliability.frontier.errors import FrontierLocked
 from scrapy_reliability.frontier.inspect import Inspector
 from scrapy_reliability.frontier.politeness import MAX_CONCURRENCY, MAX_RATE
+from scrapy_reliability.frontier.records import UNTIL_RESUMED
 from scrapy_reliability.frontier.reports import JobInfo
 from scrapy_reliability.retrypass import parse_duration
 
@@ -50,7 +51,7 @@ def pause_domains(ctx: Context, args: list[str]) -> None:
     names = _domains(ctx, "pause")
     span = ctx.opts.for_ and parse_duration(ctx.opts.for_, "--for")
     inspector, job = ctx.job(spider, change="pause")
-    until = ctx.now + (span or steering.UNTIL_RESUMED)
+    until = ctx.now + (span or UNTIL_RESUMED)
     who = audit.operator()
     with ctx.writing():
         steering.pause(inspector.engine, job.id, names, until=until, who=who, now=ctx.now)

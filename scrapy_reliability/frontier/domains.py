@@ -18,7 +18,7 @@ from scrapy_reliability.frontier.politeness import (
     DomainState,
     Politeness,
 )
-from scrapy_reliability.frontier.records import DomainUpdate, Transition
+from scrapy_reliability.frontier.records import DomainUpdate, Pause, Transition
 from scrapy_reliability.frontier.schema import LEASED, domains, requests
 
 # One executemany per claim for every domain whose token bucket moved.
@@ -76,6 +76,30 @@ def new_row(job_id: int, name: str, now: float) -> dict[str, Any]:
         "last_decrease_at": 0.0,
         "created_at": now,
     }
+
+
+def carry_pauses(conn: Connection, previous_job: int, job_id: int, now: float) -> tuple[Pause, ...]:
+    """A new run ``job_id`` keeps the pauses of the run ``previous_job`` still in force
+    (an operator's, or a server's Retry-After): "until resumed" outlives a finished run."""
+    rows = conn.execute(
+        select(domains.c.domain, domains.c.paused_until, domains.c.pause_reason)
+        .where(domains.c.job_id == previous_job, domains.c.paused_until > now)
+        .order_by(domains.c.domain)
+    ).all()
+    if not rows:
+        return ()
+    insert = dialect.insert_ignore(domains, conn.engine)
+    conn.execute(insert.values([new_row(job_id, str(r.domain), now) for r in rows]))
+    for r in rows:
+        conn.execute(
+            update(domains)
+            .where(domains.c.job_id == job_id, domains.c.domain == r.domain)
+            .values(paused_until=r.paused_until, pause_reason=r.pause_reason)
+        )
+    return tuple(
+        Pause(str(r.domain), float(r.paused_until), str(r.pause_reason or ""), r.paused_until - now)
+        for r in rows
+    )
 
 
 def adaptive_state(row: Any) -> ad.AdaptiveState:

@@ -22,6 +22,7 @@ from sqlalchemy import (
 )
 
 from scrapy_reliability.frontier import dialect, learned, operator_limits, operator_writes
+from scrapy_reliability.frontier.domains import carry_pauses
 from scrapy_reliability.frontier.errors import JobFinished, JobMismatch
 from scrapy_reliability.frontier.records import UNPROCESSED_CLASSES, Job
 from scrapy_reliability.frontier.recrawl import RecrawlRules, Reopened, reopen_due
@@ -161,6 +162,7 @@ def open_job(
         previous_ended_at=row.finished_at,
         learned=learned.carry(conn, row.id, job_id, rules, now),
         set_limits=operator_limits.carry(conn, row.id, job_id, now),
+        pauses=carry_pauses(conn, row.id, job_id, now),
         key_format=KEY_COMPACT,
     )
 
@@ -208,15 +210,14 @@ RUN_TABLES = (dead_letters, requests, domains, workers, fingerprints, feed_posit
 
 
 def old_runs(conn: Connection, name: str, keep: int) -> list[int]:
-    """The ids of job ``name``'s runs before its ``keep`` latest ones."""
+    """The ids of job ``name``'s runs before its ``keep`` latest ones that still hold
+    rows (a run pruned before is not one again: the start line counts what goes)."""
     latest = conn.execute(select(func.max(jobs.c.generation)).where(jobs.c.name == name)).scalar()
     if latest is None:
         return []
-    return list(
-        conn.execute(
-            select(jobs.c.id).where(jobs.c.name == name, jobs.c.generation <= latest - keep)
-        ).scalars()
-    )
+    held = or_(*(exists().where(t.c.job_id == jobs.c.id) for t in RUN_TABLES))
+    old = jobs.c.name == name, jobs.c.generation <= latest - keep
+    return list(conn.execute(select(jobs.c.id).where(*old, held)).scalars())
 
 
 def prune_run_rows(conn: Connection, job_ids: list[int], table: Table, chunk: int) -> int:

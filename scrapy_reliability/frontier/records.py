@@ -100,6 +100,33 @@ class SetLimit:
         return f"{self.domain}: {', '.join(parts) or 'nothing'} ({self.reason})"
 
 
+#: A pause without an end (``scrapy frontier pause`` without ``--for``): this far
+#: ahead (a float both backends store).
+UNTIL_RESUMED = 100 * 365 * 86_400.0
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A domain's pause in force (an operator's, or a server's Retry-After) that a new
+    run of its job keeps from the run before."""
+
+    domain: str
+    until: float
+    reason: str
+    #: Seconds left when the run started: more than a lifetime means "until resumed".
+    left: float
+
+    def text(self) -> str:
+        """``example.com until resumed (paused by ops@host at ...)``."""
+        if self.left >= UNTIL_RESUMED / 2:
+            when = "until resumed"
+        elif self.left >= 3600:
+            when = f"for {self.left / 3600:.1f} h more"
+        else:
+            when = f"for {self.left:.0f} s more"
+        return f"{self.domain} {when} ({self.reason or 'no reason recorded'})"
+
+
 @dataclass(frozen=True)
 class Job:
     id: int
@@ -122,6 +149,8 @@ class Job:
     learned: LearnedReview = field(default_factory=LearnedReview)
     #: Limits an operator set that hold in this run (kept from the run before).
     set_limits: tuple[SetLimit, ...] = ()
+    #: Pauses in force that this new run keeps from the run before.
+    pauses: tuple[Pause, ...] = ()
     #: Adopted from a stock JOBDIR (frontier/adoption.py): its start requests are
     #: keyed by fingerprint, as the fingerprints of Scrapy's requests.seen are.
     adopted: bool = False

@@ -20,11 +20,9 @@ from sqlalchemy import Connection, Engine, and_, select, update
 
 from scrapy_reliability.frontier import audit, dialect, operator_limits, wakeups
 from scrapy_reliability.frontier.domains import new_row
-from scrapy_reliability.frontier.records import SetLimit
+from scrapy_reliability.frontier.records import UNTIL_RESUMED, SetLimit
 from scrapy_reliability.frontier.schema import PENDING, domains, requests
 
-#: A pause without an end: this far ahead (a float both backends store).
-UNTIL_RESUMED = 100 * 365 * 86_400.0
 #: The prefix of an operator's pause reason.
 REASON_PREFIX = "paused by "
 

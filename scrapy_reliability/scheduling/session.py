@@ -245,16 +245,18 @@ class Session:
                 {"job": job.name, "gen": job.generation, "url": redact(ctx.frontier.engine.url)},
                 extra=ctx.log(),
             )
-        learned = start_lines.learned_line(
-            job.learned, new_run=not job.resumed, spider=ctx.spider.name if ctx.spider else ""
+        command = functools.partial(
+            start_lines.frontier_command,
+            ctx.spider.name if ctx.spider else "",
+            _jobs.chosen_on_command_line(ctx.crawler.settings),
         )
-        if learned is not None:
-            logger.info("%s", learned, extra=ctx.log())
-        held = start_lines.set_limits_line(
-            job.set_limits, spider=ctx.spider.name if ctx.spider else ""
-        )
-        if held is not None:
-            logger.info("%s", held, extra=ctx.log())
+        for line in (
+            start_lines.learned_line(job.learned, new_run=not job.resumed, command=command),
+            start_lines.set_limits_line(job.set_limits, command=command),
+            start_lines.pauses_line(job.pauses, command=command),
+        ):
+            if line is not None:
+                logger.info("%s", line, extra=ctx.log())
         self.claims.steer(bool(job.set_limits))
         if ctx.config.recrawl.on:
             stats.set_value("reliability/recrawl/due", job.recrawl_due + job.recrawl_parse)

@@ -8,9 +8,10 @@ Pure text from the records the job's opening returned; the session logs them.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 
 from scrapy_reliability.frontier import Job
-from scrapy_reliability.frontier.records import LearnedReview, SetLimit
+from scrapy_reliability.frontier.records import LearnedReview, Pause, SetLimit
 
 #: Domains named one by one in the learned-limits line; the rest are counted.
 NAMED = 10
@@ -75,7 +76,15 @@ def recrawl_line(job: Job, *, age: str, namespace: str | None) -> str:
     )
 
 
-def learned_line(review: LearnedReview, *, new_run: bool, spider: str) -> str | None:
+def frontier_command(spider: str, chosen: Sequence[str], verb: str, *rest: str) -> str:
+    """``scrapy frontier VERB SPIDER ...`` for this crawl's job: ``chosen`` are the ``-s``
+    options that chose its database and job (``_jobs.chosen_on_command_line``)."""
+    return " ".join(["scrapy", "frontier", verb, spider or "SPIDER", *chosen, *rest])
+
+
+def learned_line(
+    review: LearnedReview, *, new_run: bool, command: Callable[..., str]
+) -> str | None:
     """The learned domain limits this run applies and those it forgot, or None when
     the job's domains learned nothing."""
     if not review.applied and not review.forgotten:
@@ -105,20 +114,28 @@ def learned_line(review: LearnedReview, *, new_run: bool, spider: str) -> str | 
             f"{lead}, these domains probe from their configured rate: "
             f"{', '.join(shown)}{_more(len(review.forgotten))}"
         )
-    return (
-        "; ".join(parts)
-        + f". `scrapy frontier domains {spider}` shows them; `--forget` forgets them"
-    )
+    return "; ".join(parts) + f". `{command('domains')}` shows them; `--forget` forgets them"
 
 
-def set_limits_line(limits: tuple[SetLimit, ...], *, spider: str) -> str | None:
+def set_limits_line(limits: tuple[SetLimit, ...], *, command: Callable[..., str]) -> str | None:
     """The limits an operator set that hold in this run, or None."""
     if not limits:
         return None
     shown = "; ".join(limit.text() for limit in limits[:NAMED])
     return (
         f"Limits an operator set hold for every worker: {shown}{_more(len(limits))}. "
-        f"`scrapy frontier limit {spider or 'SPIDER'} --domain D --reset` removes one"
+        f"`{command('limit', '--domain', 'D', '--reset')}` removes one"
+    )
+
+
+def pauses_line(pauses: tuple[Pause, ...], *, command: Callable[..., str]) -> str | None:
+    """The pauses the run before left in force, which this new run keeps, or None."""
+    if not pauses:
+        return None
+    shown = "; ".join(pause.text() for pause in pauses[:NAMED])
+    return (
+        f"Pauses kept from the run before: {shown}{_more(len(pauses))}. "
+        f"`{command('resume', '--domain', pauses[0].domain)}` ends one"
     )
 
 

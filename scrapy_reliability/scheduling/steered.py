@@ -22,7 +22,7 @@ from twisted.internet import task
 
 from scrapy_reliability._executor import looping_call
 from scrapy_reliability.frontier import audit, clock, steering
-from scrapy_reliability.frontier.records import SetLimit
+from scrapy_reliability.frontier.records import UNTIL_RESUMED, SetLimit
 from scrapy_reliability.scheduling import engine
 
 if TYPE_CHECKING:
@@ -176,6 +176,6 @@ class Steering:
 
 def _until(until: float) -> str:
     left = until - clock.now()
-    if left >= steering.UNTIL_RESUMED / 2:
+    if left >= UNTIL_RESUMED / 2:
         return "until resumed"
     return f"for {left:.0f} s more"

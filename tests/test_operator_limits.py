@@ -21,7 +21,12 @@ from scrapy_reliability.frontier import (
     steering,
 )
 from scrapy_reliability.frontier import adaptive as ad
-from scrapy_reliability.frontier.politeness import DomainLimits, DomainState, Politeness
+from scrapy_reliability.frontier.politeness import (
+    PACE_AHEAD,
+    DomainLimits,
+    DomainState,
+    Politeness,
+)
 from scrapy_reliability.frontier.records import UNTIL_RESUMED
 from scrapy_reliability.frontier.schema import domains
 from scrapy_reliability.testing.site import SiteConfig, SiteProcess
@@ -122,6 +127,32 @@ def test_a_new_run_keeps_the_set_limits_and_a_bad_value_read_back_is_none(
         )
     again = frontier.open_job("nights", "s")
     assert again.set_limits == ()  # a value that is no limit is none: the settings hold
+
+
+def test_a_set_rate_caps_the_burst_at_one_second_of_it(frontier: Frontier) -> None:
+    """A configured burst of 100 and an operator's 5 requests a second: a claim at one
+    instant takes 5 of the domain's rows, not 100 (what a site's owner asked for holds
+    in every second); a set rate above the burst leaves the burst as it is."""
+    configured = DomainLimits(rate=100.0, burst=100, concurrency=0)
+    state = DomainState("a.test", 0.0, 0.0, None, 0.0, ad.AdaptiveState())
+    state.set_rate = 0.5
+    assert state.limits(configured).burst == 1
+    state.set_rate = 500.0
+    assert state.burst(configured, Politeness(configured, adaptive=None)) == 100
+    job = frontier.open_job("bursting", "s").id
+    add(frontier, job, _rows("a.test", 30) + _rows("b.test", 30))
+    steering.set_limits(
+        frontier.engine, job, ["a.test"], rate=5.0, concurrency=None, who="o@h", now=1000.0
+    )
+    policy = Politeness(configured, adaptive=None, steered=True)
+    claimed = frontier.claim(job, "w", 60, lease_seconds=30, politeness=policy, now=1000.0)
+    by_domain = [r.fingerprint.rsplit("-", 1)[0] for r in claimed.rows]
+    # The burst, and what a claim takes ahead of its tokens' times (the worker spaces
+    # those): PACE_AHEAD seconds at 5 a second.
+    bound = 5 + math.ceil(PACE_AHEAD * 5)
+    print(by_domain.count("a.test"), "of a.test claimed at once; bound", bound)
+    assert 5 <= by_domain.count("a.test") <= bound < 30
+    assert by_domain.count("b.test") == 30
 
 
 def _request(domain: str) -> NewRequest:

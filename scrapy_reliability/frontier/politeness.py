@@ -14,6 +14,7 @@ start at ``now`` when ``now >= tat - (b - 1) * T``; starting it moves ``tat`` to
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -54,14 +55,23 @@ class DomainLimits:
 def overridden(
     configured: DomainLimits, rate: float | None, concurrency: int | None
 ) -> DomainLimits:
-    """``configured`` with a rate and a concurrency an operator set (None: not set)."""
+    """``configured`` with a rate and a concurrency an operator set (None: not set).
+    An operator's rate caps the burst at one second's worth of it
+    (:func:`operator_burst`)."""
     if rate is None and concurrency is None:
         return configured
     return DomainLimits(
         rate=configured.rate if rate is None else rate,
-        burst=configured.burst,
+        burst=operator_burst(configured.burst, rate),
         concurrency=configured.concurrency if concurrency is None else concurrency,
     )
+
+
+def operator_burst(burst: int, rate: float | None) -> int:
+    """``burst`` under a rate an operator set: at most one second's worth of it, so
+    that a site's owner who asked for 20 requests a second sees no more than 20 in
+    any second, whatever the configured burst (None or 0: no such rate)."""
+    return min(burst, max(1, math.ceil(rate))) if rate else burst
 
 
 @dataclass(frozen=True)
@@ -205,10 +215,11 @@ class DomainState:
 
     def burst(self, limits: DomainLimits, policy: Politeness) -> int:
         """Requests that may start at once after a quiet spell: 1 under a
-        Crawl-delay or a learned limit, else the configured burst."""
+        Crawl-delay or a learned limit, else the configured burst (under a rate an
+        operator set, at most one second's worth of it)."""
         if self.crawl_delay:
             return 1
-        burst = max(1, limits.burst)
+        burst = max(1, operator_burst(limits.burst, self.set_rate))
         if policy.adaptive is not None and self.set_rate is None:
             burst = ad.current_burst(self.adaptive, burst)
         return burst
